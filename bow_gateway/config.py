@@ -1,0 +1,141 @@
+"""The gateway's configuration (section 1 of the contract), checked with marshmallow."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from marshmallow import Schema, ValidationError, fields, validate
+
+from .criteria import error_text
+
+NON_EMPTY = validate.Length(min=1, error="must not be empty")
+
+
+class _RedisField(fields.Field):  # type: ignore[type-arg]
+    """``None``, a URL, a dict of redis-py connection kwargs, or a list of dicts (cluster nodes)."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
+        if value is None or (isinstance(value, str) and value):
+            return value
+        if isinstance(value, Mapping):
+            return dict(value)
+        if isinstance(value, list) and value and all(isinstance(node, Mapping) for node in value):
+            return [dict(node) for node in value]
+        raise ValidationError(
+            "must be a redis:// URL, a mapping of connection settings, or a list of such mappings"
+        )
+
+
+class _HttpsField(fields.Field):  # type: ignore[type-arg]
+    """``None``, an ``ssl.SSLContext``, or ``{"certfile", "keyfile", "password"?}``."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
+        if value is None or isinstance(value, ssl.SSLContext):
+            return value
+        if isinstance(value, Mapping):
+            errors = _HttpsSchema().validate(dict(value))
+            if errors:
+                raise ValidationError(errors)
+            return dict(value)
+        raise ValidationError("must be an ssl.SSLContext or a mapping with certfile and keyfile")
+
+
+class _HttpsSchema(Schema):
+    certfile = fields.String(required=True, validate=NON_EMPTY)
+    keyfile = fields.String(required=True, validate=NON_EMPTY)
+    password = fields.String(load_default=None, allow_none=True)
+
+
+class _MiddlewareSchema(Schema):
+    log_interval = fields.Float(load_default=None, allow_none=True)
+
+
+class _InboundSchema(Schema):
+    realm = fields.String(required=True, validate=NON_EMPTY)
+    username = fields.String(required=True, validate=NON_EMPTY)
+    password = fields.String(required=True, validate=NON_EMPTY)
+    max_body_size = fields.Integer(
+        load_default=1_048_576, validate=validate.Range(min=1, error="must be at least 1 byte")
+    )
+    timeout = fields.Float(
+        load_default=5.0, validate=validate.Range(min=0, min_inclusive=False, error="must be positive")
+    )
+
+
+class _OutboundSchema(Schema):
+    timeout = fields.Float(
+        required=True, validate=validate.Range(min=0, min_inclusive=False, error="must be positive")
+    )
+    max_queued_frames = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
+
+
+class _ConfigSchema(Schema):
+    port = fields.Integer(required=True, validate=validate.Range(min=0, max=65535))
+    host = fields.String(load_default="0.0.0.0", validate=NON_EMPTY)
+    https = _HttpsField(load_default=None, allow_none=True)
+    redis = _RedisField(load_default=None, allow_none=True)
+    namespace = fields.String(load_default="bow", validate=NON_EMPTY)
+    middleware = fields.Nested(_MiddlewareSchema, load_default=dict)
+    inbound = fields.Nested(_InboundSchema, required=True)
+    outbound = fields.Nested(_OutboundSchema, required=True)
+
+
+
+@dataclass(frozen=True)
+class Config:
+    """The checked configuration of one gateway instance."""
+
+    port: int
+    host: str
+    https: ssl.SSLContext | dict[str, Any] | None
+    redis: Any
+    namespace: str
+    log_interval: float | None
+    realm: str
+    username: str
+    password: str
+    max_body_size: int
+    inbound_timeout: float
+    auth_timeout: float
+    max_queued_frames: int
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if self.https is None or isinstance(self.https, ssl.SSLContext):
+            return self.https
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(
+            self.https["certfile"], self.https["keyfile"], self.https.get("password")
+        )
+        return context
+
+
+def load_config(raw: Mapping[str, Any]) -> Config:
+    """Check a configuration mapping; ``ValueError`` names every bad field."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"the configuration must be a mapping, not {type(raw).__name__}")
+    raw = dict(raw)
+    if raw.get("middleware") is None:
+        raw.pop("middleware", None)
+    try:
+        data = _ConfigSchema().load(raw)
+    except ValidationError as error:
+        raise ValueError("invalid configuration: " + error_text(error.messages)) from None
+    log_interval = data["middleware"].get("log_interval")
+    return Config(
+        port=data["port"],
+        host=data["host"],
+        https=data["https"],
+        redis=data["redis"],
+        namespace=data["namespace"],
+        log_interval=log_interval if log_interval and log_interval > 0 else None,
+        realm=data["inbound"]["realm"],
+        username=data["inbound"]["username"],
+        password=data["inbound"]["password"],
+        max_body_size=data["inbound"]["max_body_size"],
+        inbound_timeout=data["inbound"]["timeout"],
+        auth_timeout=data["outbound"]["timeout"],
+        max_queued_frames=data["outbound"]["max_queued_frames"],
+    )

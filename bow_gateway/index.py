@@ -1,0 +1,137 @@
+"""The criteria index: an inverted index from (criterion key, value) to listeners, as Bow keeps.
+
+Resolving an audience costs in proportion to the smallest posting list of each query and to the
+sockets it matches, never a scan of every listener. ``__id`` gets no posting lists of its own (one
+set per listener would double the index's memory): the listener table already answers it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Generic, TypeVar
+
+from .criteria import ID_KEY, Criteria, ListenerId, Scalar, criteria_entries, typed_key
+
+S = TypeVar("S", bound=Hashable)
+
+Query = Mapping[str, Scalar]
+Entry = tuple[str, Hashable]
+
+
+class _Listener(Generic[S]):
+    __slots__ = ("criteria", "entries", "sockets")
+
+    def __init__(self, criteria: Criteria, entries: frozenset[Entry]) -> None:
+        self.criteria = criteria
+        self.entries = entries
+        self.sockets: set[S] = set()
+
+
+class CriteriaIndex(Generic[S]):
+    """The sockets of one middleware version, indexed by their listener's criteria.
+
+    Criteria belong to the listener id: every socket of an id shares them, and a new set of
+    criteria for the id replaces the old one for all its sockets.
+    """
+
+    def __init__(self) -> None:
+        self._listeners: dict[ListenerId, _Listener[S]] = {}
+        self._postings: dict[Entry, set[ListenerId]] = {}
+
+    def __len__(self) -> int:
+        """The number of listeners (ids) held."""
+        return len(self._listeners)
+
+    def socket_count(self) -> int:
+        return sum(len(listener.sockets) for listener in self._listeners.values())
+
+    def criteria_of(self, listener_id: ListenerId) -> Criteria | None:
+        listener = self._listeners.get(listener_id)
+        return None if listener is None else listener.criteria
+
+    def listener_ids(self) -> list[ListenerId]:
+        return list(self._listeners)
+
+    def add(self, socket: S, listener_id: ListenerId, criteria: Criteria) -> None:
+        """Hold ``socket`` for ``listener_id``, whose criteria become ``criteria``."""
+        self.update(listener_id, criteria, create=True)
+        self._listeners[listener_id].sockets.add(socket)
+
+    def remove(self, socket: S, listener_id: ListenerId) -> None:
+        """Forget ``socket``; the listener goes with its last socket."""
+        listener = self._listeners.get(listener_id)
+        if listener is None:
+            return
+        listener.sockets.discard(socket)
+        if not listener.sockets:
+            self._unpost(listener_id, listener.entries)
+            del self._listeners[listener_id]
+
+    def update(self, listener_id: ListenerId, criteria: Criteria, create: bool = False) -> bool:
+        """Give a held listener new criteria; True if they differ (strictly) from the old ones."""
+        entries = criteria_entries({k: v for k, v in criteria.items() if k != ID_KEY})
+        listener = self._listeners.get(listener_id)
+        if listener is None:
+            if not create:
+                return False
+            self._listeners[listener_id] = _Listener(criteria, entries)
+            self._post(listener_id, entries)
+            return True
+        if listener.entries == entries:
+            listener.criteria = criteria
+            return False
+        self._unpost(listener_id, listener.entries - entries)
+        self._post(listener_id, entries - listener.entries)
+        listener.criteria = criteria
+        listener.entries = entries
+        return True
+
+    def resolve(self, audience: Iterable[Query]) -> set[S]:
+        """Every socket whose criteria match at least one query of ``audience``."""
+        listeners = self._listeners
+        matched: set[ListenerId] = set()
+        for query in audience:
+            if ID_KEY in query:
+                listener_id = query[ID_KEY]
+                listener = None if isinstance(listener_id, bool) else listeners.get(listener_id)
+                if listener is not None and all(
+                    (key, typed_key(value)) in listener.entries
+                    for key, value in query.items()
+                    if key != ID_KEY
+                ):
+                    matched.add(listener_id)  # type: ignore[arg-type]
+                continue
+            postings = []
+            for key, value in query.items():
+                posting = self._postings.get((key, typed_key(value)))
+                if posting is None:
+                    break
+                postings.append(posting)
+            else:
+                if len(postings) == 1:
+                    matched |= postings[0]
+                elif postings:
+                    postings.sort(key=len)
+                    matched |= postings[0].intersection(*postings[1:])
+        sockets: set[S] = set()
+        for listener_id in matched:
+            sockets |= listeners[listener_id].sockets
+        return sockets
+
+    def _post(self, listener_id: ListenerId, entries: Iterable[Entry]) -> None:
+        postings = self._postings
+        for entry in entries:
+            posting = postings.get(entry)
+            if posting is None:
+                postings[entry] = {listener_id}
+            else:
+                posting.add(listener_id)
+
+    def _unpost(self, listener_id: ListenerId, entries: Iterable[Entry]) -> None:
+        postings = self._postings
+        for entry in entries:
+            posting = postings[entry]
+            posting.discard(listener_id)
+            if not posting:
+                del postings[entry]
+

@@ -1,0 +1,126 @@
+"""Messages and the events that travel on the backplane.
+
+A message is what an inbound accepted: an event ``name``, an optional ``payload`` and an
+``audience`` (a list of queries, each a non-empty mapping of predicates). Events are how messages
+and criteria changes cross the backplane: small JSON documents, encoded once where they start.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
+
+from .criteria import Criteria, ListenerId, ScalarField, error_text
+from .index import Query
+
+DISCONNECT: Final = "__disconnect"
+
+EMPTY_QUERY_ERROR: Final = "a query needs at least one predicate ({{}} would silently match nobody)"
+
+
+class _MessageSchema(Schema):
+    class Meta:
+        unknown = EXCLUDE
+
+    name = fields.String(required=True, validate=validate.Length(min=1, error="must not be empty"))
+    payload = fields.Raw(allow_none=True)
+    audience = fields.List(
+        fields.Dict(
+            keys=fields.String(),
+            values=ScalarField(),
+            validate=validate.Length(min=1, error=EMPTY_QUERY_ERROR),
+        ),
+        required=True,
+    )
+
+
+_schema: Final = _MessageSchema()
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """An accepted message: the Socket.IO event ``name``, its data, and who it is for."""
+
+    name: str
+    audience: list[Query]
+    payload: Any = None
+    has_payload: bool = field(default=False)
+
+
+def validate_message(value: Any) -> Message:
+    """Check what ``create_message_from_request_body`` returned; ``ValueError`` names the field."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"a message must be a mapping, not {type(value).__name__}")
+    try:
+        loaded = _schema.load(value)
+    except ValidationError as error:
+        raise ValueError(error_text(error.messages)) from None
+    return Message(
+        name=loaded["name"],
+        audience=loaded["audience"],
+        payload=loaded.get("payload"),
+        has_payload="payload" in loaded,
+    )
+
+
+def parse_json(body: bytes) -> Any:
+    """Parse a request body as strict JSON (``NaN`` and ``Infinity`` are not JSON)."""
+    return json.loads(body, parse_constant=_refuse_constant)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+# -- backplane events -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MessageEvent:
+    """A message to deliver, with the middleware version whose index resolves its audience."""
+
+    middleware_version: str
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class CriteriaEvent:
+    """A listener authenticated somewhere with these criteria: every instance holding it updates."""
+
+    middleware_version: str
+    listener_id: ListenerId
+    criteria: Criteria
+
+
+Event = MessageEvent | CriteriaEvent
+
+
+def encode_event(event: Event) -> bytes:
+    if isinstance(event, MessageEvent):
+        message = event.message
+        document: dict[str, Any] = {
+            "m": event.middleware_version,
+            "n": message.name,
+            "a": message.audience,
+        }
+        if message.has_payload:
+            document["p"] = message.payload
+        return _dumps(document)
+    return _dumps({"c": event.middleware_version, "i": event.listener_id, "k": event.criteria})
+
+
+def decode_event(data: bytes) -> Event:
+    """Read an event written by :func:`encode_event` (on this instance or another one)."""
+    document = json.loads(data)
+    if "m" in document:
+        message = Message(document["n"], document["a"], document.get("p"), "p" in document)
+        return MessageEvent(document["m"], message)
+    return CriteriaEvent(document["c"], document["i"], document["k"])

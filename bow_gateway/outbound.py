@@ -1,0 +1,308 @@
+"""The Socket.IO outbound: versioned handshakes, token authentication, and delivery to sockets.
+
+Sockets connect with ``?v=VERSION``, emit ``authenticate`` with a token and an acknowledgement,
+and are then held in the criteria index of their outbound's middleware version. Each message is
+resolved once, framed once, and the same frame is queued on every matching socket without a task
+per recipient.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import parse_qs
+
+import socketio
+from engineio import packet as eio_packet
+from socketio import packet as sio_packet
+
+from .criteria import ListenerId, validate_criteria, validate_listener_details
+from .index import CriteriaIndex
+from .message import DISCONNECT, CriteriaEvent, Event, MessageEvent
+from .userfn import call_user_function, describe
+
+logger = logging.getLogger("bow_gateway.outbound")
+
+YIELD_EVERY: Final = 1_000  # sockets written between two yields to the event loop
+
+
+def normalise_version(version: str) -> str:
+    """``"v1.3"`` and ``"1.3"`` name the same version, as in Bow."""
+    return version[1:] if version.startswith("v") else version
+
+
+@dataclass(frozen=True)
+class OutboundSpec:
+    """A registered outbound: its version, how a token becomes listener details, its middleware."""
+
+    version: str
+    create_listener_details_from_token: Callable[[Any], Any]
+    middleware_version: str
+
+
+class Connection:
+    """One Socket.IO connection, from connect to disconnect."""
+
+    __slots__ = ("sid", "eio_sid", "outbound", "listener_id", "authenticating", "timer")
+
+    def __init__(self, sid: str, eio_sid: str, outbound: OutboundSpec) -> None:
+        self.sid = sid
+        self.eio_sid = eio_sid
+        self.outbound = outbound
+        self.listener_id: ListenerId | None = None
+        self.authenticating = False
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class _Server(socketio.AsyncServer):  # type: ignore[misc]
+    """python-socketio's server, with two seams it does not offer publicly.
+
+    - ``authenticate`` handlers learn whether the client asked for an acknowledgement, which the
+      contract requires and python-socketio hides;
+    - a malformed packet costs its own socket an ``alert`` and a disconnect, and nothing else.
+    """
+
+    def __init__(self, outbound: SocketOutbound, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._outbound = outbound
+
+    async def _handle_event(self, eio_sid: str, namespace: str | None, id: Any, data: Any) -> None:
+        if not (isinstance(data, list) and data and isinstance(data[0], str)):
+            raise ValueError("an event must be a list that starts with the event name")
+        if data[0] == "authenticate":
+            sid = self.manager.sid_from_eio_sid(eio_sid, namespace or "/")
+            if sid is not None and self.manager.is_connected(sid, namespace or "/"):
+                self._outbound.spawn(self._outbound.authenticate(sid, eio_sid, data[1:], id))
+            return
+        # Any other event from a client is ignored: clients only listen.
+
+    async def _handle_eio_message(self, eio_sid: str, data: Any) -> None:
+        try:
+            await super()._handle_eio_message(eio_sid, data)
+        except Exception as error:  # noqa: BLE001 - whatever a hostile client sent
+            logger.info("malformed packet from %s: %s", eio_sid, error)
+            await self._outbound.refuse_eio(eio_sid, f"malformed packet: {error}")
+
+    async def send_ack(self, eio_sid: str, id: int) -> None:
+        await self._send_packet(eio_sid, self.packet_class(sio_packet.ACK, namespace="/", id=id, data=[]))
+
+
+class SocketOutbound:
+    """Every Socket.IO connection of one instance, and the delivery of events to them."""
+
+    def __init__(
+        self,
+        *,
+        outbounds: Mapping[str, OutboundSpec],
+        middlewares: Mapping[str, Callable[[Any], Any]],
+        indices: Mapping[str, CriteriaIndex[Connection]],
+        publish: Callable[[Event], Awaitable[None]],
+        auth_timeout: float = 5.0,
+        max_queued_frames: int = 1_000,
+    ) -> None:
+        self._outbounds = outbounds
+        self._middlewares = middlewares
+        self._indices = indices
+        self._publish = publish
+        self._auth_timeout = auth_timeout
+        self._max_queued_frames = max_queued_frames
+        self.connections: dict[str, Connection] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.sio = _Server(
+            self,
+            async_mode="aiohttp",
+            namespaces="*",
+            cors_allowed_origins="*",
+            logger=False,
+            engineio_logger=False,
+        )
+        self.sio.on("connect", self._connect)
+        self.sio.on("connect", self._refuse_namespace, namespace="*")
+        self.sio.on("disconnect", self._disconnect)
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run a per-socket job in the background, keeping a reference until it ends."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- connection lifecycle ---------------------------------------------------------------
+
+    async def _connect(self, sid: str, environ: Mapping[str, Any], auth: Any = None) -> None:
+        versions = parse_qs(environ.get("QUERY_STRING", "")).get("v")
+        if not versions or not versions[0]:
+            raise socketio.exceptions.ConnectionRefusedError(
+                "no outbound version: connect with the query parameter v, e.g. ?v=1"
+            )
+        outbound = self._outbounds.get(normalise_version(versions[0]))
+        if outbound is None:
+            known = ", ".join(sorted(f"v{v}" for v in self._outbounds)) or "none"
+            raise socketio.exceptions.ConnectionRefusedError(
+                f"unknown outbound version {versions[0]!r}: this gateway serves {known}"
+            )
+        eio_sid = self.sio.manager.eio_sid_from_sid(sid, "/")
+        connection = Connection(sid, eio_sid, outbound)
+        connection.timer = asyncio.get_running_loop().call_later(
+            self._auth_timeout, self._expire, connection
+        )
+        self.connections[sid] = connection
+
+    async def _refuse_namespace(self, namespace: str, sid: str, *args: Any) -> None:
+        raise socketio.exceptions.ConnectionRefusedError(
+            f"unknown namespace {namespace!r}: this gateway serves only the default namespace '/'"
+        )
+
+    async def _disconnect(self, sid: str, reason: Any = None) -> None:
+        connection = self.connections.pop(sid, None)
+        if connection is None:
+            return
+        if connection.timer is not None:
+            connection.timer.cancel()
+        if connection.listener_id is not None:
+            index = self._indices[connection.outbound.middleware_version]
+            index.remove(connection, connection.listener_id)
+
+    def _expire(self, connection: Connection) -> None:
+        connection.timer = None
+        if connection.listener_id is None and connection.sid in self.connections:
+            reason = f"not authenticated within {self._auth_timeout:g} s of connecting"
+            self.spawn(self.refuse(connection.sid, reason))
+
+    async def refuse(self, sid: str, reason: str) -> None:
+        """Tell one socket why with an ``alert``, then disconnect it."""
+        connection = self.connections.get(sid)
+        if connection is None:
+            return
+        logger.info("refusing socket %s: %s", sid, reason)
+        await self.sio.emit("alert", reason, to=sid)
+        await self.sio.disconnect(sid)
+        await self.sio.eio.disconnect(connection.eio_sid)
+
+    async def refuse_eio(self, eio_sid: str, reason: str) -> None:
+        sid = self.sio.manager.sid_from_eio_sid(eio_sid, "/")
+        if sid is not None and sid in self.connections:
+            await self.refuse(sid, reason)
+        else:
+            await self.sio.eio.disconnect(eio_sid)
+
+    # -- authentication ---------------------------------------------------------------------
+
+    async def authenticate(self, sid: str, eio_sid: str, args: list[Any], ack_id: Any) -> None:
+        """Turn a token into listener details, then criteria, then index the socket."""
+        connection = self.connections.get(sid)
+        if connection is None or connection.authenticating or connection.listener_id is not None:
+            return  # gone, busy, or already authenticated: ignored, as the contract says
+        if ack_id is None:
+            await self.refuse(sid, "authenticate needs an acknowledgement callback")
+            return
+        if not args or args[0] is None or args[0] == "":
+            await self.refuse(sid, "authenticate needs a token")
+            return
+        connection.authenticating = True
+        outbound = connection.outbound
+        try:
+            listener_id, criteria = await self._criteria_for(outbound, args[0])
+        except _Refusal as refusal:
+            await self.refuse(sid, str(refusal))
+            return
+        finally:
+            connection.authenticating = False
+        if self.connections.get(sid) is not connection:
+            return  # disconnected (or timed out) while the user's functions ran
+        if connection.timer is not None:
+            connection.timer.cancel()
+            connection.timer = None
+        connection.listener_id = listener_id
+        self._indices[outbound.middleware_version].add(connection, listener_id, criteria)
+        await self.sio.send_ack(eio_sid, ack_id)
+        try:
+            await self._publish(CriteriaEvent(outbound.middleware_version, listener_id, criteria))
+        except Exception as error:  # noqa: BLE001 - the socket is served here all the same
+            logger.warning("could not share the criteria of listener %r: %s", listener_id, error)
+
+    async def _criteria_for(self, outbound: OutboundSpec, token: Any) -> tuple[ListenerId, Any]:
+        timeout = self._auth_timeout
+        listener_fn = outbound.create_listener_details_from_token
+        try:
+            details = validate_listener_details(await call_user_function(listener_fn, token, timeout))
+        except TimeoutError:
+            raise _Refusal(f"{describe(listener_fn)} did not answer within {timeout:g} s") from None
+        except Exception as error:  # noqa: BLE001 - a refusal, whatever the user's code raised
+            raise _Refusal(f"the token was refused: {error}") from None
+        listener_id = details["id"]
+        criteria_fn = self._middlewares[outbound.middleware_version]
+        try:
+            raw = await call_user_function(criteria_fn, details, timeout)
+        except TimeoutError:
+            raise _Refusal(f"{describe(criteria_fn)} did not answer within {timeout:g} s") from None
+        except Exception:
+            logger.exception("%s raised for listener %r", describe(criteria_fn), listener_id)
+            raise _Refusal(f"no criteria could be built for listener {listener_id!r}") from None
+        try:
+            return listener_id, validate_criteria(raw, listener_id)
+        except ValueError as error:
+            raise _Refusal(f"invalid criteria for listener {listener_id!r}: {error}") from None
+
+    # -- delivery ---------------------------------------------------------------------------
+
+    async def deliver(self, event: Event) -> None:
+        """Apply one backplane event: deliver a message, or take a listener's new criteria."""
+        if isinstance(event, CriteriaEvent):
+            index = self._indices.get(event.middleware_version)
+            if index is not None:
+                index.update(event.listener_id, event.criteria)
+            return
+        await self._deliver_message(event)
+
+    async def _deliver_message(self, event: MessageEvent) -> None:
+        index = self._indices.get(event.middleware_version)
+        if index is None:
+            return
+        connections = index.resolve(event.message.audience)
+        if not connections:
+            return
+        message = event.message
+        if message.name == DISCONNECT:
+            for connection in connections:
+                await self.sio.disconnect(connection.sid)
+                await self.sio.eio.disconnect(connection.eio_sid)
+            return
+        data = [message.name, message.payload] if message.has_payload else [message.name]
+        frame = eio_packet.Packet(
+            eio_packet.MESSAGE,
+            self.sio.packet_class(sio_packet.EVENT, namespace="/", data=data).encode(),
+        )
+        sockets = self.sio.eio.sockets
+        for written, connection in enumerate(connections, 1):
+            socket = sockets.get(connection.eio_sid)
+            if socket is None or socket.closed:
+                continue
+            if socket.queue.qsize() >= self._max_queued_frames:
+                reason = f"too slow: {self._max_queued_frames} messages waiting to be sent"
+                self.spawn(self.refuse(connection.sid, reason))
+                continue
+            await socket.send(frame)
+            if written % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+
+    async def close(self) -> None:
+        """Disconnect every socket cleanly."""
+        for task in list(self._tasks):
+            task.cancel()
+        for connection in list(self.connections.values()):
+            if connection.timer is not None:
+                connection.timer.cancel()
+        for sid in list(self.connections):
+            await self.sio.disconnect(sid)
+        for eio_sid in list(self.sio.eio.sockets):
+            await self.sio.eio.disconnect(eio_sid)
+
+    def listener_count(self) -> int:
+        return sum(len(index) for index in self._indices.values())
+
+
+class _Refusal(Exception):
+    """Authentication failed; the text is what the client reads in its ``alert``."""
