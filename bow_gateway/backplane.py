@@ -68,10 +68,12 @@ class MemoryBackplane(Backplane):
         if self._queue is None:
             raise BackplaneUnavailable("the gateway is not running")
         if self._queue.qsize() >= self._max_pending:
-            raise BackplaneUnavailable(f"{self._max_pending} events are already waiting for delivery")
+            raise BackplaneUnavailable(
+                f"{self._max_pending} events are already waiting for delivery"
+            )
         self._queue.put_nowait(data)
 
-    async def events(self) -> AsyncIterator[bytes]:  # type: ignore[override]
+    async def events(self) -> AsyncIterator[bytes]:
         queue = self._queue
         if queue is None:
             return

@@ -61,7 +61,8 @@ class _InboundSchema(Schema):
         load_default=1_048_576, validate=validate.Range(min=1, error="must be at least 1 byte")
     )
     timeout = fields.Float(
-        load_default=5.0, validate=validate.Range(min=0, min_inclusive=False, error="must be positive")
+        load_default=5.0,
+        validate=validate.Range(min=0, min_inclusive=False, error="must be positive"),
     )
 
 
@@ -81,7 +82,6 @@ class _ConfigSchema(Schema):
     middleware = fields.Nested(_MiddlewareSchema, load_default=dict)
     inbound = fields.Nested(_InboundSchema, required=True)
     outbound = fields.Nested(_OutboundSchema, required=True)
-
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ that equal nothing else, numbers and strings stay as they are (``42 == 42.0`` ho
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any, Final, Hashable
+from collections.abc import Hashable, Mapping
+from typing import Any, Final
 
 from marshmallow import Schema, ValidationError, fields
 
@@ -136,9 +136,11 @@ def validate_listener_details(details: Any) -> Mapping[str, Any]:
     return details
 
 
-def criteria_entries(criteria: Mapping[str, Scalar | list[Scalar]]) -> frozenset[tuple[str, Hashable]]:
+def criteria_entries(
+    criteria: Mapping[str, Scalar | list[Scalar]],
+) -> frozenset[tuple[str, Hashable]]:
     """Every (key, typed value) pair a listener can be matched on; lists give one pair per item."""
-    entries = []
+    entries: list[tuple[str, Hashable]] = []
     for key, value in criteria.items():
         if isinstance(value, list):
             entries.extend((key, typed_key(item)) for item in value)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import BasicAuth, hdrs, web
+from aiohttp.typedefs import Middleware
 
 from .backplane import BackplaneUnavailable
 from .message import Event, MessageEvent, parse_json, validate_message
@@ -35,7 +36,7 @@ class InboundSpec:
 
 def basic_auth(
     *, realm: str, username: str, password: str, is_open: Callable[[str], bool]
-) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+) -> Middleware:
     """An aiohttp middleware that answers 401 to every request without the credentials.
 
     ``is_open(path)`` names the gateway's own endpoints, which need no credentials.
@@ -54,7 +55,9 @@ def basic_auth(
         except ValueError:
             credentials = None
         # Both comparisons always run, in constant time, so timing tells nothing.
-        user_ok = hmac.compare_digest((credentials.login if credentials else "").encode(), expected_user)
+        user_ok = hmac.compare_digest(
+            (credentials.login if credentials else "").encode(), expected_user
+        )
         password_ok = hmac.compare_digest(
             (credentials.password if credentials else "").encode(), expected_password
         )
@@ -90,7 +93,8 @@ def message_handler(
         try:
             raw = await call_user_function(create_message, document, timeout)
         except TimeoutError:
-            raise _unavailable(f"{describe(create_message)} did not answer within {timeout:g} s", 1)
+            reason = f"{describe(create_message)} did not answer within {timeout:g} s"
+            raise _unavailable(reason, 1) from None
         except Exception as error:  # noqa: BLE001 - the user's function refused the body
             raise _unprocessable(f"the body was refused: {error}") from None
         try:
@@ -101,7 +105,8 @@ def message_handler(
             await publish(MessageEvent(middleware_version, message))
         except BackplaneUnavailable as error:
             logger.warning("refused a message on %s: %s", request.path, error)
-            raise _unavailable(f"the gateway cannot take messages now: {error}", error.retry_after)
+            reason = f"the gateway cannot take messages now: {error}"
+            raise _unavailable(reason, error.retry_after) from None
         return web.Response(status=204)
 
     return handle
@@ -123,7 +128,7 @@ def health_handler(
     *,
     timeout: float = 5.0,
 ) -> Handler:
-    """``GET /health``: 200 with an empty body (or what ``decorator`` makes of it), 503 when not ready."""
+    """``GET /health``: 200, empty or made by ``decorator``; 503 while the instance cannot serve."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
         if not is_ready():

@@ -99,7 +99,7 @@ class CriteriaIndex(Generic[S]):
                     for key, value in query.items()
                     if key != ID_KEY
                 ):
-                    matched.add(listener_id)  # type: ignore[arg-type]
+                    matched.add(listener_id)
                 continue
             postings = []
             for key, value in query.items():
@@ -134,4 +134,3 @@ class CriteriaIndex(Generic[S]):
             posting.discard(listener_id)
             if not posting:
                 del postings[entry]
-

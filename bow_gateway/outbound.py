@@ -31,7 +31,7 @@ YIELD_EVERY: Final = 1_000  # sockets written between two yields to the event lo
 
 def normalise_version(version: str) -> str:
     """``"v1.3"`` and ``"1.3"`` name the same version, as in Bow."""
-    return version[1:] if version.startswith("v") else version
+    return version.removeprefix("v")
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class OutboundSpec:
 class Connection:
     """One Socket.IO connection, from connect to disconnect."""
 
-    __slots__ = ("sid", "eio_sid", "outbound", "listener_id", "authenticating", "timer")
+    __slots__ = ("authenticating", "eio_sid", "listener_id", "outbound", "sid", "timer")
 
     def __init__(self, sid: str, eio_sid: str, outbound: OutboundSpec) -> None:
         self.sid = sid
@@ -87,7 +87,9 @@ class _Server(socketio.AsyncServer):  # type: ignore[misc]
             await self._outbound.refuse_eio(eio_sid, f"malformed packet: {error}")
 
     async def send_ack(self, eio_sid: str, id: int) -> None:
-        await self._send_packet(eio_sid, self.packet_class(sio_packet.ACK, namespace="/", id=id, data=[]))
+        await self._send_packet(
+            eio_sid, self.packet_class(sio_packet.ACK, namespace="/", id=id, data=[])
+        )
 
 
 class SocketOutbound:
@@ -227,7 +229,9 @@ class SocketOutbound:
         timeout = self._auth_timeout
         listener_fn = outbound.create_listener_details_from_token
         try:
-            details = validate_listener_details(await call_user_function(listener_fn, token, timeout))
+            details = validate_listener_details(
+                await call_user_function(listener_fn, token, timeout)
+            )
         except TimeoutError:
             raise _Refusal(f"{describe(listener_fn)} did not answer within {timeout:g} s") from None
         except Exception as error:  # noqa: BLE001 - a refusal, whatever the user's code raised

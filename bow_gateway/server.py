@@ -12,8 +12,8 @@ from aiohttp import web
 
 from .backplane import Backplane, backplane_from_config
 from .config import Config, load_config
-from .index import CriteriaIndex
 from .inbound import InboundSpec, basic_auth, health_handler, message_handler
+from .index import CriteriaIndex
 from .message import Event, decode_event, encode_event
 from .outbound import Connection, OutboundSpec, SocketOutbound, normalise_version
 
@@ -118,7 +118,9 @@ class Bow:
         async def publish(event: Event) -> None:
             await backplane.publish(encode_event(event))
 
-        indices: dict[str, CriteriaIndex[Connection]] = {v: CriteriaIndex() for v in self._middlewares}
+        indices: dict[str, CriteriaIndex[Connection]] = {
+            v: CriteriaIndex() for v in self._middlewares
+        }
         self._outbound = outbound = SocketOutbound(
             outbounds=self._outbounds,
             middlewares=self._middlewares,
@@ -144,7 +146,9 @@ class Bow:
             )
         app.router.add_get(
             HEALTH_PATH,
-            health_handler(lambda: backplane.ready, self._health_check, timeout=config.inbound_timeout),
+            health_handler(
+                lambda: backplane.ready, self._health_check, timeout=config.inbound_timeout
+            ),
         )
         outbound.sio.attach(app, socketio_path=SOCKETIO_PATH.strip("/"))
         self._consumer = asyncio.create_task(self._consume(backplane, outbound))
@@ -212,9 +216,14 @@ class Bow:
                 )
 
     def _check_versions(self) -> None:
-        for spec in [*self._inbounds.values(), *self._outbounds.values()]:
+        specs: list[InboundSpec | OutboundSpec] = [*self._inbounds.values(), *self._outbounds.values()]
+        for spec in specs:
             if spec.middleware_version not in self._middlewares:
-                what = f"inbound {spec.path!r}" if isinstance(spec, InboundSpec) else f"outbound v{spec.version}"
+                what = (
+                    f"inbound {spec.path!r}"
+                    if isinstance(spec, InboundSpec)
+                    else f"outbound v{spec.version}"
+                )
                 raise ValueError(
                     f"{what} names middleware version {spec.middleware_version!r}, "
                     "which is not registered"

@@ -1,1 +1,1 @@
-"""Bundled inbounds: how an HTTP request body becomes a message. Use them as they are, or copy one."""
+"""Bundled inbounds: how a request body becomes a message. Use them as they are, or copy one."""

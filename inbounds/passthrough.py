@@ -1,4 +1,4 @@
-"""The inbound of Bow's examples: ``name`` and ``audience`` from the body, the whole body as payload."""
+"""The inbound of Bow's examples: ``name`` and ``audience`` from the body, which is the payload."""
 
 from __future__ import annotations
 

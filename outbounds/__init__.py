@@ -1,1 +1,1 @@
-"""Bundled outbounds: how a socket's token becomes listener details. Use them as they are, or copy one."""
+"""Bundled outbounds: how a token becomes listener details. Use them as they are, or copy one."""

@@ -47,9 +47,11 @@ class JwtOutbound:
         if unknown:
             raise ValueError(f"algorithms: unsupported {sorted(unknown)}")
         if set(algorithms) & _HMAC and set(algorithms) & _PUBLIC:
-            raise ValueError("algorithms must not mix shared-secret (HS*) and public-key algorithms")
+            raise ValueError(
+                "algorithms must not mix shared-secret (HS*) and public-key algorithms"
+            )
         if set(algorithms) <= _HMAC:
-            key = secret if secret is not None else _from_env(secret_env, "secret")
+            key: str | None = secret if secret is not None else _from_env(secret_env, "secret")
         else:
             key = public_key
             if key is None and public_key_file is not None:
@@ -88,7 +90,6 @@ class JwtOutbound:
 
     def __repr__(self) -> str:  # never shows the key
         return f"JwtOutbound(algorithms={self._algorithms!r}, id_claim={self._id_claim!r})"
-
 
 
 def _from_env(variable: str | None, what: str) -> str:

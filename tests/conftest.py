@@ -1,0 +1,86 @@
+"""Shared fixtures: a real gateway on a free port, real HTTP, real python-socketio clients."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from bow_gateway import Bow
+
+from .support import AUTH, PATH, Listener, standard_bow, token
+
+
+@pytest.fixture
+async def start_bow() -> AsyncIterator[Callable[[Bow], Awaitable[Bow]]]:
+    """Start any Bow; every one started is stopped at the end of the test."""
+    started: list[Bow] = []
+
+    async def start(bow: Bow) -> Bow:
+        await bow.start()
+        started.append(bow)
+        return bow
+
+    yield start
+    for bow in started:
+        await bow.stop()
+
+
+@pytest.fixture
+async def bow(start_bow: Callable[[Bow], Awaitable[Bow]]) -> Bow:
+    return await start_bow(standard_bow())
+
+
+@pytest.fixture
+def url(bow: Bow) -> str:
+    return f"http://127.0.0.1:{bow.port}"
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+async def listeners(url: str) -> AsyncIterator[Callable[..., Awaitable[Listener]]]:
+    """``await listeners("USER/1", {"role": "admin"})``: a connected, authenticated listener."""
+    made: list[Listener] = []
+
+    async def make(
+        listener_id: str | None = None,
+        criteria: dict[str, Any] | None = None,
+        *,
+        authenticate: bool = True,
+        version: str | None = "v1.3",
+        target: str | None = None,
+        **connect: Any,
+    ) -> Listener:
+        listener = Listener(target or url)
+        made.append(listener)
+        await listener.connect(version, **connect)
+        if authenticate and listener_id is not None:
+            await listener.authenticate(token(listener_id, criteria))
+        return listener
+
+    yield make
+    await asyncio.gather(*(listener.close() for listener in made))
+
+
+@pytest.fixture
+def push(http: aiohttp.ClientSession, url: str) -> Callable[..., Awaitable[aiohttp.ClientResponse]]:
+    """``await push({"name": ..., "audience": [...]})``: POST a body to the inbound."""
+
+    async def post(
+        body: Any, *, path: str = PATH, headers: dict[str, str] | None = None
+    ) -> aiohttp.ClientResponse:
+        async with http.post(
+            url + path, json=body, headers=AUTH if headers is None else headers
+        ) as response:
+            await response.read()
+            return response
+
+    return post

@@ -1,0 +1,241 @@
+"""Contract section 2: the HTTP inbound and /health, against a real server over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from bow_gateway import Bow
+
+from .support import AUTH, PASSWORD, PATH, REALM, USER, Listener, base_config, standard_bow
+
+Push = Callable[..., Awaitable[aiohttp.ClientResponse]]
+StartBow = Callable[[Bow], Awaitable[Bow]]
+
+MESSAGE = {"name": "NEW_ARTICLE", "audience": [{"role": "admin"}]}
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": aiohttp.encode_basic_auth(user, password)}
+
+
+async def test_accepted_message_answers_204_and_reaches_the_listener(
+    push: Push, listeners: Callable[..., Awaitable[Listener]]
+) -> None:
+    admin = await listeners("USER/1", {"role": "admin"})
+    response = await push({**MESSAGE, "title": "Hello"})
+    assert response.status == 204
+    event, data = await admin.next_event()
+    assert event == "NEW_ARTICLE"
+    assert data == {**MESSAGE, "title": "Hello"}
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("POST", PATH), ("GET", PATH), ("POST", "/unknown"), ("DELETE", "/v1.2/other")],
+)
+async def test_no_credentials_get_401_with_the_realm_whatever_the_path(
+    http: aiohttp.ClientSession, url: str, method: str, path: str
+) -> None:
+    async with http.request(method, url + path, json=MESSAGE) as response:
+        assert response.status == 401
+        assert response.headers["WWW-Authenticate"] == f'Basic realm="{REALM}"'
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        basic(USER, "wrong"),
+        basic("wrong", PASSWORD),
+        basic(USER, PASSWORD + "x"),
+        {"Authorization": "Basic not-base64!"},
+        {"Authorization": "Bearer " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()},
+        {"Authorization": "Basic " + base64.b64encode(USER.encode()).decode()},
+    ],
+    ids=["wrong-password", "wrong-user", "longer-password", "bad-base64", "bearer", "no-colon"],
+)
+async def test_wrong_credentials_get_401(push: Push, headers: dict[str, str]) -> None:
+    response = await push(MESSAGE, headers=headers)
+    assert response.status == 401
+    assert response.headers["WWW-Authenticate"] == f'Basic realm="{REALM}"'
+
+
+async def test_realm_with_quotes_is_escaped_in_the_challenge(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    config = base_config(inbound={"realm": 'My "big" platform', "username": "u", "password": "p"})
+    bow = await start_bow(standard_bow(config))
+    async with http.post(f"http://127.0.0.1:{bow.port}{PATH}", json=MESSAGE) as response:
+        assert response.headers["WWW-Authenticate"] == 'Basic realm="My \\"big\\" platform"'
+
+
+async def test_unknown_path_with_credentials_gets_404(push: Push) -> None:
+    assert (await push(MESSAGE, path="/v9/messages")).status == 404
+
+
+async def test_other_method_on_an_inbound_path_gets_405(http: aiohttp.ClientSession, url: str) -> None:
+    async with http.get(url + PATH, headers=AUTH) as response:
+        assert response.status == 405
+        assert "POST" in response.headers["Allow"]
+
+
+async def test_body_over_the_configured_limit_gets_413(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    config = base_config()
+    config["inbound"] = {**config["inbound"], "max_body_size": 1_000}
+    bow = await start_bow(standard_bow(config))
+    body = {**MESSAGE, "padding": "x" * 2_000}
+    async with http.post(f"http://127.0.0.1:{bow.port}{PATH}", json=body, headers=AUTH) as response:
+        assert response.status == 413
+
+
+async def test_body_just_under_the_limit_is_accepted(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    config = base_config()
+    config["inbound"] = {**config["inbound"], "max_body_size": 1_000}
+    bow = await start_bow(standard_bow(config))
+    async with http.post(
+        f"http://127.0.0.1:{bow.port}{PATH}", json={**MESSAGE, "padding": "x" * 800}, headers=AUTH
+    ) as response:
+        assert response.status == 204
+
+
+async def test_no_body_gets_422(http: aiohttp.ClientSession, url: str) -> None:
+    async with http.post(url + PATH, headers=AUTH) as response:
+        assert response.status == 422
+        assert "no body" in await response.text()
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"NaN", b'{"name": Infinity}', b"\xff\xfe"])
+async def test_body_that_is_not_json_gets_422(
+    http: aiohttp.ClientSession, url: str, body: bytes
+) -> None:
+    headers = {**AUTH, "Content-Type": "application/json"}
+    async with http.post(url + PATH, data=body, headers=headers) as response:
+        assert response.status == 422
+        assert "not JSON" in await response.text()
+
+
+async def test_message_function_that_raises_gets_422_with_its_reason(push: Push) -> None:
+    response = await push({"audience": []})  # the pass-through inbound needs a name
+    assert response.status == 422
+    assert "'name'" in await response.text()
+
+
+@pytest.mark.parametrize(
+    ("message", "field"),
+    [
+        ({"name": "", "audience": []}, "name"),
+        ({"name": 42, "audience": []}, "name"),
+        ({"name": "X", "audience": {"role": "admin"}}, "audience"),
+        ({"name": "X", "audience": [{}]}, "audience.0"),
+        ({"name": "X", "audience": [{"role": "admin"}, {}]}, "audience.1"),
+        ({"name": "X", "audience": [{"role": ""}]}, "audience.0.role"),
+        ({"name": "X", "audience": [{"role": None}]}, "audience.0.role"),
+        ({"name": "X", "audience": [{"role": ["admin"]}]}, "audience.0.role"),
+        ({"name": "X", "audience": [{"role": {"in": "admin"}}]}, "audience.0.role"),
+        ({"name": "X", "audience": ["admin"]}, "audience.0"),
+    ],
+)
+async def test_invalid_message_gets_422_naming_the_field(
+    start_bow: StartBow, http: aiohttp.ClientSession, message: dict[str, Any], field: str
+) -> None:
+    bow = await start_bow(
+        Bow(base_config())
+        .middleware(version="1", create_criteria_from_listener_details=lambda details: {})
+        .inbound(path=PATH, create_message_from_request_body=lambda body: body, middleware_version="1")
+    )
+    async with http.post(f"http://127.0.0.1:{bow.port}{PATH}", json=message, headers=AUTH) as response:
+        assert response.status == 422
+        assert f"{field}:" in await response.text()
+
+
+async def test_empty_audience_is_accepted(push: Push) -> None:
+    assert (await push({"name": "X", "audience": []})).status == 204
+
+
+async def test_message_function_may_be_a_coroutine(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    async def create(body: Any) -> Any:
+        await asyncio.sleep(0)
+        return {"name": body["kind"], "payload": body["data"], "audience": []}
+
+    bow = await start_bow(
+        Bow(base_config())
+        .middleware(version="1", create_criteria_from_listener_details=lambda details: {})
+        .inbound(path="/in", create_message_from_request_body=create, middleware_version="1")
+    )
+    body = {"kind": "PING", "data": 1}
+    async with http.post(f"http://127.0.0.1:{bow.port}/in", json=body, headers=AUTH) as response:
+        assert response.status == 204
+
+
+async def test_hanging_message_function_is_bounded_and_answers_503(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    async def hang(body: Any) -> Any:
+        await asyncio.sleep(60)
+
+    config = base_config()
+    config["inbound"] = {**config["inbound"], "timeout": 0.2}
+    bow = await start_bow(
+        Bow(config)
+        .middleware(version="1", create_criteria_from_listener_details=lambda details: {})
+        .inbound(path="/in", create_message_from_request_body=hang, middleware_version="1")
+    )
+    async with http.post(f"http://127.0.0.1:{bow.port}/in", json={}, headers=AUTH) as response:
+        assert response.status == 503
+        assert "Retry-After" in response.headers
+
+
+async def test_health_answers_200_with_an_empty_body_without_credentials(
+    http: aiohttp.ClientSession, url: str
+) -> None:
+    async with http.get(url + "/health") as response:
+        assert response.status == 200
+        assert await response.read() == b""
+
+
+async def test_health_check_decorator_may_return_a_json_value(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    bow = await start_bow(standard_bow().health_check(lambda request: {"status": "ok"}))
+    async with http.get(f"http://127.0.0.1:{bow.port}/health") as response:
+        assert response.status == 200
+        assert await response.json() == {"status": "ok"}
+
+
+async def test_health_check_decorator_may_return_a_response(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    async def decorate(request: web.Request) -> web.Response:
+        return web.Response(text="fine", headers={"X-Version": "1"})
+
+    bow = await start_bow(standard_bow().health_check(decorate))
+    async with http.get(f"http://127.0.0.1:{bow.port}/health") as response:
+        assert response.status == 200
+        assert await response.text() == "fine"
+        assert response.headers["X-Version"] == "1"
+
+
+async def test_health_is_503_once_the_instance_stops_serving(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    bow = await start_bow(standard_bow())
+    backplane = bow._backplane
+    assert backplane is not None
+    await backplane.disconnect()  # as when Redis becomes unreachable
+    async with http.get(f"http://127.0.0.1:{bow.port}/health") as response:
+        assert response.status == 503
+    async with http.post(f"http://127.0.0.1:{bow.port}{PATH}", json=MESSAGE, headers=AUTH) as response:
+        assert response.status == 503
+        assert "Retry-After" in response.headers

@@ -1,0 +1,174 @@
+"""Contract section 1: configuration, registration, start and stop of ``Bow``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from bow_gateway import Bow
+
+from .support import base_config, standard_bow
+
+StartBow = Callable[[Bow], Awaitable[Bow]]
+
+
+def criteria(details: Any) -> dict[str, Any]:
+    return {}
+
+
+def message(body: Any) -> Any:
+    return body
+
+
+def listener(token: Any) -> dict[str, Any]:
+    return {"id": token}
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda c: c.pop("port"), "port"),
+        (lambda c: c.update(port=70000), "port"),
+        (lambda c: c.update(port="eighty"), "port"),
+        (lambda c: c.pop("inbound"), "inbound"),
+        (lambda c: c.pop("outbound"), "outbound"),
+        (lambda c: c["inbound"].pop("realm"), "inbound.realm"),
+        (lambda c: c["inbound"].update(username=""), "inbound.username"),
+        (lambda c: c["inbound"].update(password=None), "inbound.password"),
+        (lambda c: c["inbound"].update(max_body_size=0), "inbound.max_body_size"),
+        (lambda c: c["outbound"].update(timeout=0), "outbound.timeout"),
+        (lambda c: c["outbound"].update(timeout=-1), "outbound.timeout"),
+        (lambda c: c["outbound"].pop("timeout"), "outbound.timeout"),
+        (lambda c: c.update(redis=6379), "redis"),
+        (lambda c: c.update(redis=[]), "redis"),
+        (lambda c: c.update(https={"certfile": "cert.pem"}), "https"),
+        (lambda c: c.update(prot=8080), "prot"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_invalid_configuration_raises_value_error_naming_the_field(
+    change: Callable[[dict[str, Any]], Any], field: str
+) -> None:
+    config = base_config()
+    config["inbound"] = dict(config["inbound"])
+    config["outbound"] = dict(config["outbound"])
+    change(config)
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        Bow(config)
+
+
+def test_configuration_defaults() -> None:
+    bow = Bow(
+        {
+            "port": 8080,
+            "inbound": {"realm": "r", "username": "u", "password": "p"},
+            "outbound": {"timeout": 5},
+        }
+    )
+    assert bow.config.host == "0.0.0.0"
+    assert bow.config.max_body_size == 1_048_576
+    assert bow.config.redis is None
+    assert bow.config.log_interval is None
+
+
+def test_registrations_chain_on_the_same_bow() -> None:
+    bow = Bow(base_config())
+    assert bow.middleware(version="1", create_criteria_from_listener_details=criteria) is bow
+    assert bow.inbound(path="/in", create_message_from_request_body=message, middleware_version="1") is bow
+    assert bow.outbound(version="1", create_listener_details_from_token=listener, middleware_version="1") is bow
+    assert bow.health_check(lambda request: None) is bow
+
+
+def test_duplicate_middleware_version_is_refused_with_or_without_its_v() -> None:
+    bow = Bow(base_config()).middleware(version="v1.1", create_criteria_from_listener_details=criteria)
+    with pytest.raises(ValueError, match="already registered"):
+        bow.middleware(version="1.1", create_criteria_from_listener_details=criteria)
+
+
+def test_duplicate_outbound_version_is_refused() -> None:
+    bow = Bow(base_config()).outbound(
+        version="v2", create_listener_details_from_token=listener, middleware_version="1"
+    )
+    with pytest.raises(ValueError, match="already registered"):
+        bow.outbound(version="v2", create_listener_details_from_token=listener, middleware_version="1")
+
+
+def test_duplicate_inbound_path_is_refused() -> None:
+    bow = Bow(base_config()).inbound(
+        path="/in", create_message_from_request_body=message, middleware_version="1"
+    )
+    with pytest.raises(ValueError, match="already registered"):
+        bow.inbound(path="/in", create_message_from_request_body=message, middleware_version="1")
+
+
+@pytest.mark.parametrize("path", ["/health", "/socket.io/x", "", "in", None])
+def test_reserved_or_malformed_inbound_path_is_refused(path: Any) -> None:
+    with pytest.raises(ValueError, match="path"):
+        Bow(base_config()).inbound(
+            path=path, create_message_from_request_body=message, middleware_version="1"
+        )
+
+
+@pytest.mark.parametrize("version", ["", "v", None, 1])
+def test_empty_or_non_string_version_is_refused(version: Any) -> None:
+    with pytest.raises(ValueError, match="middleware"):
+        Bow(base_config()).middleware(version=version, create_criteria_from_listener_details=criteria)
+
+
+def test_non_callable_functions_are_refused() -> None:
+    bow = Bow(base_config())
+    with pytest.raises(ValueError, match="create_criteria_from_listener_details"):
+        bow.middleware(version="1", create_criteria_from_listener_details="criteria")
+    with pytest.raises(ValueError, match="create_message_from_request_body"):
+        bow.inbound(path="/in", create_message_from_request_body=None, middleware_version="1")
+    with pytest.raises(ValueError, match="create_listener_details_from_token"):
+        bow.outbound(version="1", create_listener_details_from_token=42, middleware_version="1")
+    with pytest.raises(ValueError, match="health_check"):
+        bow.health_check("ok")
+
+
+async def test_inbound_naming_an_unregistered_middleware_fails_at_start() -> None:
+    bow = Bow(base_config()).inbound(
+        path="/in", create_message_from_request_body=message, middleware_version="v9"
+    )
+    with pytest.raises(ValueError, match="inbound '/in'.*'9'"):
+        await bow.start()
+
+
+async def test_outbound_naming_an_unregistered_middleware_fails_at_start() -> None:
+    bow = (
+        Bow(base_config())
+        .middleware(version="1", create_criteria_from_listener_details=criteria)
+        .outbound(version="2", create_listener_details_from_token=listener, middleware_version="3")
+    )
+    with pytest.raises(ValueError, match="outbound v2"):
+        await bow.start()
+
+
+async def test_start_binds_a_free_port_and_stop_returns(start_bow: StartBow) -> None:
+    bow = standard_bow()
+    await bow.start()
+    assert isinstance(bow.port, int) and bow.port > 0
+    await bow.stop()
+    await bow.stop()  # stopping twice is harmless
+
+
+async def test_port_already_in_use_fails_start_cleanly(start_bow: StartBow) -> None:
+    first = await start_bow(standard_bow())
+    second = standard_bow(base_config(port=first.port))
+    with pytest.raises(OSError):
+        await second.start()
+
+
+async def test_log_interval_logs_the_number_of_listeners(
+    start_bow: StartBow, caplog: pytest.LogCaptureFixture
+) -> None:
+    import asyncio
+
+    caplog.set_level(logging.INFO, logger="bow_gateway")
+    await start_bow(standard_bow(base_config(middleware={"log_interval": 0.05})))
+    await asyncio.sleep(0.2)
+    assert any("0 listeners connected" in record.getMessage() for record in caplog.records)
