@@ -46,7 +46,7 @@ class OutboundSpec:
 class Connection:
     """One Socket.IO connection, from connect to disconnect."""
 
-    __slots__ = ("authenticating", "eio_sid", "listener_id", "outbound", "sid", "timer")
+    __slots__ = ("authenticating", "eio_sid", "listener_id", "outbound", "refused", "sid", "timer")
 
     def __init__(self, sid: str, eio_sid: str, outbound: OutboundSpec) -> None:
         self.sid = sid
@@ -54,6 +54,7 @@ class Connection:
         self.outbound = outbound
         self.listener_id: ListenerId | None = None
         self.authenticating = False
+        self.refused = False  # an alert is on its way: one per socket, then the disconnect
         self.timer: asyncio.TimerHandle | None = None
 
 
@@ -176,19 +177,36 @@ class SocketOutbound:
     async def refuse(self, sid: str, reason: str) -> None:
         """Tell one socket why with an ``alert``, then disconnect it."""
         connection = self.connections.get(sid)
-        if connection is None:
+        if connection is None or connection.refused:
             return
+        connection.refused = True
         logger.info("refusing socket %s: %s", sid, reason)
         await self.sio.emit("alert", reason, to=sid)
         await self.sio.disconnect(sid)
-        await self.sio.eio.disconnect(connection.eio_sid)
+        await self._close_transport(connection.eio_sid)
 
     async def refuse_eio(self, eio_sid: str, reason: str) -> None:
         sid = self.sio.manager.sid_from_eio_sid(eio_sid, "/")
         if sid is not None and sid in self.connections:
             await self.refuse(sid, reason)
         else:
-            await self.sio.eio.disconnect(eio_sid)
+            await self._close_transport(eio_sid)
+
+    async def _close_transport(self, eio_sid: str) -> None:
+        """Close one Engine.IO connection without waiting on its client.
+
+        python-engineio's ``disconnect`` waits until the client has fetched the CLOSE packet,
+        which a long-polling client that has already left never does (``stop()`` then hung
+        forever). A websocket is closed from this side once CLOSE is written, rather than left
+        for the client to close: otherwise, during ``stop()``, the web server waited out its
+        whole shutdown timeout on the websocket's handler.
+        """
+        socket = self.sio.eio.sockets.pop(eio_sid, None)
+        if socket is None:
+            return
+        await socket.close(wait=False, reason=self.sio.eio.reason.SERVER_DISCONNECT)
+        if socket.upgraded:
+            await socket.queue.put(None)  # ends its writer, which then closes the websocket
 
     # -- authentication ---------------------------------------------------------------------
 
@@ -212,7 +230,7 @@ class SocketOutbound:
             return
         finally:
             connection.authenticating = False
-        if self.connections.get(sid) is not connection:
+        if self.connections.get(sid) is not connection or connection.refused:
             return  # disconnected (or timed out) while the user's functions ran
         if connection.timer is not None:
             connection.timer.cancel()
@@ -272,7 +290,7 @@ class SocketOutbound:
         if message.name == DISCONNECT:
             for connection in connections:
                 await self.sio.disconnect(connection.sid)
-                await self.sio.eio.disconnect(connection.eio_sid)
+                await self._close_transport(connection.eio_sid)
             return
         data = [message.name, message.payload] if message.has_payload else [message.name]
         frame = eio_packet.Packet(
@@ -302,7 +320,7 @@ class SocketOutbound:
         for sid in list(self.connections):
             await self.sio.disconnect(sid)
         for eio_sid in list(self.sio.eio.sockets):
-            await self.sio.eio.disconnect(eio_sid)
+            await self._close_transport(eio_sid)
 
     def listener_count(self) -> int:
         return sum(len(index) for index in self._indices.values())

@@ -1,0 +1,436 @@
+"""Standalone mode: a ``Bow`` built from a TOML file (or the embedded default) and the environment.
+
+The file holds the section-1 configuration (``port``, ``host``, ``https``, ``redis``,
+``namespace``, ``[middleware]``, ``[inbound]``, ``[outbound]``) plus the versioned plugins::
+
+    [[middlewares]]
+    version = "v1"
+    create_criteria_from_listener_details = "bow_gateway.middlewares.claims:criteria_from_claim"
+    options = { claim = "criteria" }      # optional: then attr(**options) makes the function
+
+    [[inbounds]]
+    path = "/v1/messages"
+    create_message_from_request_body = "my_plugins:message_from_body"
+    middleware_version = "v1"
+
+    [[outbounds]]
+    version = "v1"
+    create_listener_details_from_token = "bow_gateway.outbounds.jwt:JwtOutbound"
+    options = { secret_env = "BOW_JWT_SECRET" }
+    middleware_version = "v1"
+
+A plugin module is looked up on ``sys.path``, then in the config file's folder. Environment
+variables override the file: ``BOW_<KEY>`` for a top-level key, ``BOW_<SECTION>_<KEY>`` for a key
+of a section, ``BOW_<KEY>`` for the ``[middleware]`` keys, and ``BOW_REDIS_URL`` for ``redis``
+(see :func:`environment_variables`). An empty variable counts as unset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import sys
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from marshmallow import Schema, fields
+
+from .config import _ConfigSchema, _HttpsSchema, load_config
+from .server import Bow
+
+logger = logging.getLogger("bow_gateway.standalone")
+
+DEV_JWT_SECRET: Final = "bow-gateway-development-secret-change-me"
+"""The embedded default's JWT secret when ``BOW_JWT_SECRET`` is not set: documented, so public."""
+DEV_INBOUND_PASSWORD: Final = "change-me"
+"""The embedded default's inbound password when ``BOW_INBOUND_PASSWORD`` is not set."""
+JWT_SECRET_ENV: Final = "BOW_JWT_SECRET"
+CONFIG_ENV: Final = "BOW_CONFIG"
+
+DEFAULT_PORT: Final = 8080
+DEFAULT_HOST: Final = "127.0.0.1"
+DEFAULT_USERNAME: Final = "pusher"
+DEFAULT_INBOUND_PATH: Final = "/v1/messages"
+DEFAULT_VERSION: Final = "v1"
+
+_PLUGIN_KEYS: Final = ("middlewares", "inbounds", "outbounds", "health_check")
+_FUNCTION_KEYS: Final = {
+    "middlewares": "create_criteria_from_listener_details",
+    "inbounds": "create_message_from_request_body",
+    "outbounds": "create_listener_details_from_token",
+}
+
+
+@dataclass(frozen=True)
+class MiddlewarePlugin:
+    """A ``[[middlewares]]`` table, its function resolved."""
+
+    version: str
+    create_criteria_from_listener_details: Callable[[Any], Any]
+    reference: str
+    table: str
+
+
+@dataclass(frozen=True)
+class InboundPlugin:
+    """An ``[[inbounds]]`` table, its function resolved."""
+
+    path: str
+    create_message_from_request_body: Callable[[Any], Any]
+    middleware_version: str
+    reference: str
+    table: str
+
+
+@dataclass(frozen=True)
+class OutboundPlugin:
+    """An ``[[outbounds]]`` table, its function resolved."""
+
+    version: str
+    create_listener_details_from_token: Callable[[Any], Any]
+    middleware_version: str
+    reference: str
+    table: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything ``build_bow`` needs, and where it came from (for ``bow-gateway serve``)."""
+
+    config: dict[str, Any] = field(repr=False)  # holds the inbound password
+    """The section-1 configuration, environment applied, as ``Bow(config)`` takes it."""
+    middlewares: tuple[MiddlewarePlugin, ...] = ()
+    inbounds: tuple[InboundPlugin, ...] = ()
+    outbounds: tuple[OutboundPlugin, ...] = ()
+    health_check: Callable[[Any], Any] | None = None
+    source: str | None = None
+    """The file read, or ``None`` for the embedded default."""
+    environment: dict[str, str] = field(default_factory=dict)
+    """Dotted setting (``"inbound.password"``) to the variable that set it."""
+    uses_dev_secret: bool = False
+    """The embedded default checks tokens with :data:`DEV_JWT_SECRET`."""
+
+    def with_address(self, *, host: str | None = None, port: int | None = None) -> Settings:
+        """The same settings listening elsewhere (``serve --host/--port``)."""
+        config = dict(self.config)
+        if host is not None:
+            config["host"] = host
+        if port is not None:
+            config["port"] = port
+        return Settings(
+            config=config,
+            middlewares=self.middlewares,
+            inbounds=self.inbounds,
+            outbounds=self.outbounds,
+            health_check=self.health_check,
+            source=self.source,
+            environment=self.environment,
+            uses_dev_secret=self.uses_dev_secret,
+        )
+
+
+def environment_variables() -> dict[str, tuple[str, ...]]:
+    """Each variable that overrides a setting, with the key path it sets (from the schema)."""
+    names: dict[str, tuple[str, ...]] = {}
+    for key, schema_field in _ConfigSchema().fields.items():
+        nested: Any = _HttpsSchema if key == "https" else getattr(schema_field, "nested", None)
+        if key == "redis":
+            names["BOW_REDIS_URL"] = (key,)
+        elif isinstance(nested, type) and issubclass(nested, Schema):
+            for sub in nested().fields:
+                # The [middleware] keys are settings of the whole gateway: BOW_LOG_INTERVAL.
+                prefix = "BOW_" if key == "middleware" else f"BOW_{key.upper()}_"
+                names[prefix + sub.upper()] = (key, sub)
+        elif not isinstance(schema_field, fields.Nested):
+            names[f"BOW_{key.upper()}"] = (key,)
+    return names
+
+
+def embedded_default(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The document used without a config file: one instance, no Redis, the bundled plugins."""
+    secret = environ.get(JWT_SECRET_ENV) or DEV_JWT_SECRET
+    return {
+        "port": DEFAULT_PORT,
+        "host": DEFAULT_HOST,
+        "middleware": {"log_interval": 60},
+        "inbound": {
+            "realm": "bow-gateway",
+            "username": DEFAULT_USERNAME,
+            "password": DEV_INBOUND_PASSWORD,
+        },
+        "outbound": {"timeout": 5},
+        "middlewares": [
+            {
+                "version": DEFAULT_VERSION,
+                "create_criteria_from_listener_details":
+                    "bow_gateway.middlewares.claims:criteria_from_claim",
+                "options": {"claim": "criteria"},
+            }
+        ],
+        "inbounds": [
+            {
+                "path": DEFAULT_INBOUND_PATH,
+                "create_message_from_request_body":
+                    "bow_gateway.inbounds.passthrough:create_message_from_request_body",
+                "middleware_version": DEFAULT_VERSION,
+            }
+        ],
+        "outbounds": [
+            {
+                "version": DEFAULT_VERSION,
+                "create_listener_details_from_token": "bow_gateway.outbounds.jwt:JwtOutbound",
+                "options": {"algorithms": ["HS256"], "secret": secret},
+                "middleware_version": DEFAULT_VERSION,
+            }
+        ],
+    }
+
+
+def load_settings(path: str | None, environ: Mapping[str, str] = os.environ) -> Settings:
+    """Read ``path`` (or take the embedded default when ``None``), apply the environment, resolve
+    the plugins. Every problem is a ``ValueError`` naming the file, table or variable at fault."""
+    if path is None:
+        document = embedded_default(environ)
+        folder = None
+        uses_dev_secret = not environ.get(JWT_SECRET_ENV)
+        if uses_dev_secret:
+            logger.warning(
+                "%s is not set: tokens are checked with the development secret %r, which "
+                "everyone knows. Set %s before exposing this gateway.",
+                JWT_SECRET_ENV, DEV_JWT_SECRET, JWT_SECRET_ENV,
+            )
+    else:
+        try:
+            with open(path, "rb") as file:
+                document = tomllib.load(file)
+        except OSError as error:
+            raise ValueError(f"cannot read the config file {path}: {error.strerror}") from None
+        except tomllib.TOMLDecodeError as error:
+            raise ValueError(f"{path} is not valid TOML: {error}") from None
+        folder = str(Path(path).resolve().parent)
+        uses_dev_secret = False
+    where = path or "the embedded default"
+
+    config = {key: value for key, value in document.items() if key not in _PLUGIN_KEYS}
+    environment = _apply_environment(config, environ)
+    try:
+        load_config(config)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}{_blame(environment, str(error))}") from None
+
+    try:
+        with _importable(folder):
+            plugins = _plugins(document)
+    except ValueError as error:  # keeps the import's own traceback as the cause
+        raise ValueError(f"{where}: {error}") from error.__cause__
+    middlewares, inbounds, outbounds, health_check = plugins
+    if not inbounds and not outbounds:
+        raise ValueError(f"{where}: there is no [[inbounds]] and no [[outbounds]] table")
+    return Settings(
+        config=config,
+        middlewares=middlewares,
+        inbounds=inbounds,
+        outbounds=outbounds,
+        health_check=health_check,
+        source=path,
+        environment=environment,
+        uses_dev_secret=uses_dev_secret,
+    )
+
+
+def build_bow(settings: Settings) -> Bow:
+    """A ``Bow`` configured and registered as the settings say (not started)."""
+    bow = Bow(settings.config)
+    for middleware in settings.middlewares:
+        with _naming(middleware.table):
+            bow.middleware(
+                version=middleware.version,
+                create_criteria_from_listener_details=(
+                    middleware.create_criteria_from_listener_details
+                ),
+            )
+    for inbound in settings.inbounds:
+        with _naming(inbound.table):
+            bow.inbound(
+                path=inbound.path,
+                create_message_from_request_body=inbound.create_message_from_request_body,
+                middleware_version=inbound.middleware_version,
+            )
+    for outbound in settings.outbounds:
+        with _naming(outbound.table):
+            bow.outbound(
+                version=outbound.version,
+                create_listener_details_from_token=outbound.create_listener_details_from_token,
+                middleware_version=outbound.middleware_version,
+            )
+    if settings.health_check is not None:
+        bow.health_check(settings.health_check)
+    return bow
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _apply_environment(config: dict[str, Any], environ: Mapping[str, str]) -> dict[str, str]:
+    applied: dict[str, str] = {}
+    for variable, keys in environment_variables().items():
+        value = environ.get(variable)
+        if not value:
+            continue
+        target = config
+        for key in keys[:-1]:
+            section = target.get(key)
+            target[key] = section = dict(section) if isinstance(section, Mapping) else {}
+            target = section
+        target[keys[-1]] = value
+        applied[".".join(keys)] = variable
+    return applied
+
+
+def _blame(environment: Mapping[str, str], message: str) -> str:
+    named = [
+        f"{setting} is set by {variable}"
+        for setting, variable in environment.items()
+        if f"{setting}:" in message
+    ]
+    return f" ({'; '.join(named)})" if named else ""
+
+
+def _plugins(
+    document: Mapping[str, Any],
+) -> tuple[
+    tuple[MiddlewarePlugin, ...],
+    tuple[InboundPlugin, ...],
+    tuple[OutboundPlugin, ...],
+    Callable[[Any], Any] | None,
+]:
+    key = _FUNCTION_KEYS["middlewares"]
+    middlewares = tuple(
+        MiddlewarePlugin(
+            version=_string(table, "version", name),
+            create_criteria_from_listener_details=_resolve(table, name, key),
+            reference=table[key],
+            table=name,
+        )
+        for name, table in _tables(document, "middlewares", {"version"})
+    )
+    key = _FUNCTION_KEYS["inbounds"]
+    inbounds = tuple(
+        InboundPlugin(
+            path=_string(table, "path", name),
+            create_message_from_request_body=_resolve(table, name, key),
+            middleware_version=_string(table, "middleware_version", name),
+            reference=table[key],
+            table=name,
+        )
+        for name, table in _tables(document, "inbounds", {"path", "middleware_version"})
+    )
+    key = _FUNCTION_KEYS["outbounds"]
+    outbounds = tuple(
+        OutboundPlugin(
+            version=_string(table, "version", name),
+            create_listener_details_from_token=_resolve(table, name, key),
+            middleware_version=_string(table, "middleware_version", name),
+            reference=table[key],
+            table=name,
+        )
+        for name, table in _tables(document, "outbounds", {"version", "middleware_version"})
+    )
+    health_check = None
+    if document.get("health_check") is not None:
+        health_check = _resolve(document, "health_check", "health_check", options=False)
+    return middlewares, inbounds, outbounds, health_check
+
+
+def _tables(
+    document: Mapping[str, Any], key: str, strings: set[str]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    tables = document.get(key, [])
+    if not isinstance(tables, list) or not all(isinstance(t, Mapping) for t in tables):
+        raise ValueError(f"{key} must be a list of tables, written [[{key}]]")
+    allowed = {*strings, _FUNCTION_KEYS[key], "options"}
+    for number, table in enumerate(tables, start=1):
+        name = f"[[{key}]] #{number}"
+        unknown = sorted(set(table) - allowed)
+        if unknown:
+            raise ValueError(
+                f"{name}: unknown key {unknown[0]!r} (expected {', '.join(sorted(allowed))})"
+            )
+        missing = sorted(k for k in allowed - {"options"} if k not in table)
+        if missing:
+            raise ValueError(f"{name}: {missing[0]} is missing")
+        yield name, dict(table)
+
+
+def _string(table: Mapping[str, Any], key: str, name: str) -> str:
+    value = table.get(key)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name}: {key} must be a non-empty string, not {value!r}")
+    return value
+
+
+def _resolve(
+    table: Mapping[str, Any], name: str, key: str, *, options: bool = True
+) -> Callable[[Any], Any]:
+    """``"module:attr"`` to a function; with an ``options`` table, ``attr(**options)``."""
+    reference = _string(table, key, name)
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"{name}: {key} = {reference!r} must look like 'module:attribute'")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as error:  # any failure of the import is the reference's
+        raise ValueError(
+            f"{name}: cannot import {reference!r}: {type(error).__name__}: {error}"
+        ) from error
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ValueError(
+                f"{name}: cannot import {reference!r}: {module_name} has no attribute {attribute!r}"
+            ) from None
+    if options and "options" in table:
+        arguments = table["options"]
+        if not isinstance(arguments, Mapping):
+            raise ValueError(f"{name}: options must be a table, not {arguments!r}")
+        if not callable(target):
+            raise ValueError(f"{name}: {reference!r} takes no options: it is not callable")
+        try:
+            target = target(**arguments)
+        except Exception as error:  # the factory's own refusal, reported as such
+            raise ValueError(
+                f"{name}: {reference}(**options) failed: {type(error).__name__}: {error}"
+            ) from error
+    if not callable(target):
+        what = f"{reference}(**options)" if options and "options" in table else reference
+        raise ValueError(f"{name}: {what} is a {type(target).__name__}, not a function")
+    function: Callable[[Any], Any] = target
+    return function
+
+
+@contextlib.contextmanager
+def _importable(folder: str | None) -> Iterator[None]:
+    """Let plugin modules be found beside the config file while the plugins are imported."""
+    if folder is None or folder in sys.path:
+        yield
+        return
+    sys.path.append(folder)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
+
+
+@contextlib.contextmanager
+def _naming(table: str) -> Iterator[None]:
+    try:
+        yield
+    except ValueError as error:
+        raise ValueError(f"{table}: {error}") from None

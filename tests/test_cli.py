@@ -1,0 +1,416 @@
+"""The ``bow-gateway`` command line, run as real processes: serve, token, listen, push."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import jwt
+import pytest
+
+from bow_gateway.cli import main
+from bow_gateway.standalone import DEV_JWT_SECRET
+
+from .support import SECRET
+
+PYTHON = [sys.executable, "-m", "bow_gateway"]
+# Runs a printed command as printed: `bow-gateway` is this interpreter's module (exec, so that
+# signals reach it), whether or not the console script is installed.
+SHELL_PRELUDE = f'bow-gateway() {{ exec "{sys.executable}" -m bow_gateway "$@"; }}\n'
+Pipe = asyncio.subprocess.PIPE
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without any BOW_ variable, so that the embedded default is the default."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("BOW_")}
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def wait_for_health(url: str, process: subprocess.Popen[bytes], timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"serve exited with {process.returncode}"
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url}/health never answered")
+
+
+@dataclass
+class Server:
+    url: str
+    tour: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def command(self, start: str) -> str:
+        """The first command of the printed tour that starts with ``start``."""
+        for line in self.tour.splitlines():
+            if line.strip().startswith(start):
+                return line.strip()
+        raise AssertionError(f"the tour prints no {start!r} command:\n{self.tour}")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``bow-gateway serve`` on the embedded default, on a free port, for the whole module."""
+    log = tmp_path_factory.mktemp("serve") / "stderr.log"
+    port = free_port()
+    with (
+        open(log, "wb") as stderr,
+        subprocess.Popen(
+            [*PYTHON, "serve", "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=clean_env(),
+        ) as process,
+    ):
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_for_health(url, process)
+            assert process.stdout is not None
+            tour = []
+            for raw in process.stdout:
+                tour.append(raw.decode())
+                if raw.startswith(b"Ctrl-C stops"):
+                    break
+            yield Server(url, "".join(tour), process, log)
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(10)
+
+
+async def run(*args: str, env: dict[str, str] | None = None, timeout: float = 20) -> Result:
+    """Run ``python -m bow_gateway ARGS`` to its end."""
+    return await run_process(*PYTHON, *args, env=env, timeout=timeout)
+
+
+async def run_shell(script: str, timeout: float = 20, **env: str) -> Result:
+    """Run a command line as a user pastes it into bash."""
+    return await run_process("bash", "-c", SHELL_PRELUDE + script, env=clean_env(**env),
+                             timeout=timeout)
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+async def run_process(*argv: str, env: dict[str, str] | None, timeout: float) -> Result:
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdout=Pipe, stderr=Pipe, env=env if env is not None else clean_env()
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), timeout)
+    except TimeoutError:
+        process.kill()
+        await process.communicate()
+        raise
+    assert process.returncode is not None
+    return Result(process.returncode, out.decode(), err.decode())
+
+
+class Running:
+    """A long-running command (``listen``, ``serve``): read its lines, signal it, collect it."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.err: list[str] = []
+
+    @classmethod
+    async def start(cls, *argv: str, env: dict[str, str] | None = None) -> Running:
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdout=Pipe, stderr=Pipe, env=env if env is not None else clean_env()
+        )
+        return cls(process)
+
+    async def stdout_line(self, timeout: float = 10) -> str:
+        assert self.process.stdout is not None
+        line = await asyncio.wait_for(self.process.stdout.readline(), timeout)
+        return line.decode()
+
+    async def stderr_until(self, found: Callable[[str], bool], timeout: float = 15) -> str:
+        """Read stderr until a line satisfies ``found``; return it."""
+        assert self.process.stderr is not None
+        async with asyncio.timeout(timeout):
+            while True:
+                line = (await self.process.stderr.readline()).decode()
+                self.err.append(line)
+                if not line:
+                    raise AssertionError("stderr ended:\n" + "".join(self.err))
+                if found(line):
+                    return line
+
+    async def stop(self, timeout: float = 5, signal_number: int = signal.SIGTERM) -> Result:
+        """SIGTERM (or another signal), then its exit status and the rest of its output."""
+        if self.process.returncode is None:
+            self.process.send_signal(signal_number)
+        return await self.finish(timeout)
+
+    async def finish(self, timeout: float = 10) -> Result:
+        try:
+            out, err = await asyncio.wait_for(self.process.communicate(), timeout)
+        except TimeoutError:
+            self.process.kill()
+            await self.process.communicate()
+            raise
+        assert self.process.returncode is not None
+        return Result(self.process.returncode, out.decode(), "".join(self.err) + err.decode())
+
+
+# -- the five-minute tour, exactly as serve prints it ------------------------------------------
+
+
+async def test_serve_prints_what_a_newcomer_needs(server: Server) -> None:
+    tour = server.tour
+    assert f"serving on {server.url}" in tour
+    assert f"POST {server.url}/v1/messages" in tour
+    assert "pusher / change-me" in tour  # the documented password of the embedded default
+    assert DEV_JWT_SECRET in tour
+    for command in ("TOKEN=$(bow-gateway token", "bow-gateway listen", "bow-gateway push"):
+        assert command in tour
+    assert f"--url {server.url}" in tour  # not the default port: the commands say where
+
+
+async def test_the_printed_tour_works(server: Server) -> None:
+    token_line = server.command("TOKEN=$(bow-gateway token")
+    minted = await run_shell(token_line + '\nprintf %s "$TOKEN"')
+    assert minted.code == 0, minted.err
+    token = minted.out
+    assert jwt.decode(token, DEV_JWT_SECRET, algorithms=["HS256"])["criteria"] == {"role": "admin"}
+    assert "development secret" in minted.err
+
+    listener = await Running.start(
+        "bash", "-c", SHELL_PRELUDE + server.command("bow-gateway listen"),
+        env=clean_env(TOKEN=token),
+    )
+    try:
+        await listener.stderr_until(lambda line: line.startswith("listening"))
+
+        pushed = await run_shell(server.command("bow-gateway push"))
+        assert pushed.code == 0, pushed.err
+        assert pushed.out.startswith("204")
+        assert json.loads(await listener.stdout_line()) == {
+            "event": "greeting",
+            "data": {"name": "greeting", "audience": [{"role": "admin"}], "text": "hello"},
+        }
+
+        if shutil.which("curl"):
+            curled = await run_shell(server.command("curl "))
+            assert curled.code == 0, curled.err
+            assert "204 No Content" in curled.out
+            assert json.loads(await listener.stdout_line())["data"]["text"] == "hello"
+    finally:
+        stopped = await listener.stop(signal_number=signal.SIGINT)  # Ctrl-C
+    assert stopped.code == 0, stopped.err
+    assert "disconnected" not in stopped.err
+
+
+async def test_listen_mints_its_own_token_and_push_reaches_only_the_audience(
+    server: Server,
+) -> None:
+    admin = await Running.start(
+        *PYTHON, "listen", "--url", server.url, "--id", "USER/1", "--criteria", '{"role": "admin"}'
+    )
+    guest = await Running.start(
+        *PYTHON, "listen", "--url", server.url, "--id", "USER/2", "--criteria", '{"role": "guest"}'
+    )
+    try:
+        await asyncio.gather(
+            admin.stderr_until(lambda line: line.startswith("listening")),
+            guest.stderr_until(lambda line: line.startswith("listening")),
+        )
+        pushed = await run(
+            "push", "--url", server.url, "--name", "only-admins",
+            "--audience", '[{"role": "admin"}]', "--payload", '{"n": 1}',
+        )
+        assert pushed.code == 0, pushed.err
+        pushed = await run(
+            "push", "--url", server.url, "--name", "everyone",
+            "--audience", '[{"role": "admin"}, {"role": "guest"}]',
+        )
+        assert pushed.code == 0, pushed.err
+        assert [json.loads(await admin.stdout_line()) for _ in range(2)] == [
+            {"event": "only-admins", "data": {"name": "only-admins",
+                                               "audience": [{"role": "admin"}], "n": 1}},
+            {"event": "everyone", "data": {"name": "everyone",
+                                            "audience": [{"role": "admin"}, {"role": "guest"}]}},
+        ]
+        assert json.loads(await guest.stdout_line())["event"] == "everyone"
+    finally:
+        results = await asyncio.gather(admin.stop(signal_number=signal.SIGINT), guest.stop())
+    assert [result.code for result in results] == [0, 0]
+
+
+async def test_refusals_exit_1_with_the_reason(server: Server) -> None:
+    bad_token, bad_version, bad_password, nobody = await asyncio.gather(
+        run("listen", "--url", server.url, "--token", "not-a-token"),
+        run("listen", "--url", server.url, "--version", "v9", "--id", "USER/1"),
+        run(
+            "push", "--url", server.url, "--password", "wrong",
+            "--name", "n", "--audience", "[]",
+        ),
+        run("push", "--url", f"http://127.0.0.1:{free_port()}", "--name", "n", "--audience", "[]"),
+    )
+    assert bad_token.code == 1
+    assert "alert:" in bad_token.err and "authentication refused" in bad_token.err
+    assert bad_version.code == 1
+    assert "refused the connection" in bad_version.err and "v9" in bad_version.err
+    assert bad_password.code == 1
+    assert "401 Unauthorized" in bad_password.err
+    assert nobody.code == 1
+    assert "cannot reach" in nobody.err
+
+
+# -- serve's life ------------------------------------------------------------------------------
+
+
+async def test_serve_stops_gracefully_on_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve = await Running.start(*PYTHON, "serve", "--port", str(port))
+    listener: Running | None = None
+    try:
+        await serve.stderr_until(lambda line: f"serving on 127.0.0.1:{port}" in line)
+        listener = await Running.start(*PYTHON, "listen", "--url", url, "--id", "USER/1")
+        await listener.stderr_until(lambda line: line.startswith("listening"))
+
+        started = time.monotonic()
+        served = await serve.stop(timeout=5)
+        assert served.code == 0, served.err
+        assert time.monotonic() - started < 5
+        assert "stopped" in served.err
+
+        ended = await listener.finish(timeout=5)
+        assert ended.code == 1
+        assert "disconnected by the server" in ended.err
+    finally:
+        await serve.stop()
+        if listener is not None:
+            await listener.stop()
+
+
+async def test_serve_from_a_config_file_and_the_environment(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parent.parent / "deploy" / "gateway.example.toml"
+    port = free_port()
+    serve = await Running.start(
+        *PYTHON, "serve", "--config", str(example),
+        env=clean_env(BOW_PORT=str(port), BOW_JWT_SECRET=SECRET, BOW_INBOUND_PASSWORD="pw"),
+    )
+    try:
+        await serve.stderr_until(lambda line: f"serving on 127.0.0.1:{port}" in line)
+        pushed = await run(
+            "push", "--url", f"http://127.0.0.1:{port}", "--name", "n", "--audience", "[]",
+            env=clean_env(BOW_INBOUND_PASSWORD="pw"),
+        )
+        assert pushed.code == 0, pushed.err
+    finally:
+        served = await serve.stop()
+    assert served.code == 0
+    assert str(example) in served.out
+    assert "$BOW_INBOUND_PASSWORD" in served.out and "pw" not in served.out.split()
+
+
+async def test_a_bad_configuration_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("port = 'eighty'\n")
+    missing, invalid, from_env = await asyncio.gather(
+        run("serve", "--config", str(tmp_path / "missing.toml")),
+        run("serve", "--config", str(bad)),
+        run("serve", env=clean_env(BOW_OUTBOUND_TIMEOUT="-1")),
+    )
+    assert missing.code == 2 and "cannot read the config file" in missing.err
+    assert invalid.code == 2 and "port: Not a valid integer" in invalid.err
+    assert from_env.code == 2 and "BOW_OUTBOUND_TIMEOUT" in from_env.err
+
+
+# -- help and arguments (in this process: no network) ----------------------------------------
+
+
+async def test_help_lists_the_commands_as_a_process() -> None:
+    result = await run("--help")
+    assert result.code == 0
+    for command in ("serve", "token", "listen", "push"):
+        assert command in result.out
+
+
+@pytest.mark.parametrize(
+    ("command", "options"),
+    [
+        ([], ["serve", "token", "listen", "push", "--version"]),
+        (["serve"], ["--config", "--host", "--port", "BOW_PORT", "BOW_REDIS_URL"]),
+        (["token"], ["--id", "--criteria", "--secret", "--ttl", "BOW_JWT_SECRET"]),
+        (["listen"], ["--url", "--version", "--token", "--id", "--criteria"]),
+        (
+            ["push"],
+            ["--url", "--path", "--user", "--password", "--name", "--audience", "--payload"],
+        ),
+    ],
+)
+def test_each_command_has_help(
+    command: list[str], options: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*command, "--help"]) == 0
+    out = capsys.readouterr().out
+    for option in options:
+        assert option in out
+
+
+def test_no_command_prints_the_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "serve" in capsys.readouterr().err
+
+
+def test_token_signs_the_id_and_criteria(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["token", "--id", "USER/9", "--criteria", '{"team": "blue"}', "--secret", SECRET]
+    assert main([*args, "--ttl", "60"]) == 0
+    claims = jwt.decode(capsys.readouterr().out.strip(), SECRET, algorithms=["HS256"])
+    assert claims["sub"] == "USER/9" and claims["criteria"] == {"team": "blue"}
+    assert claims["exp"] - claims["iat"] == 60
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["token", "--id", "a", "--criteria", "{bad"], "--criteria is not valid JSON"),
+        (["token", "--id", "a", "--criteria", "[1]"], "--criteria must be a JSON object"),
+        (["token", "--id", "a", "--ttl", "0"], "--ttl must be a positive"),
+        (["push", "--name", "n", "--audience", "[{"], "--audience is not valid JSON"),
+        (["push", "--name", "n", "--audience", "[]", "--payload", "3"], "must be a JSON object"),
+        (["listen"], "give --token TOKEN, or --id ID"),
+        (["listen", "--token", "t", "--id", "a"], "not both"),
+        (["serve", "--port", "http"], "not a port number"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_clear_message(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
