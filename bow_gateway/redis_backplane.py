@@ -1,0 +1,336 @@
+"""The Redis backplane: one Redis Stream carries every event of a gateway, in one order.
+
+Each event is one ``XADD`` (a single field, ``d``), the stream trimmed to about ``max_len``
+entries. Every instance reads the stream with ``XREAD BLOCK`` from the last id it has read, so
+after a lost connection it resumes where it stopped: nothing published meanwhile is skipped, and
+nothing is read twice. A failed publish is not retried: in the rare case where Redis applied it
+but the answer was lost, the event is delivered although :meth:`~RedisBackplane.publish` raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
+
+from .backplane import Backplane, BackplaneUnavailable
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Client = Redis | RedisCluster
+StreamId = tuple[int, int]
+FIELD = b"d"
+_FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
+
+
+class _Stopped(Exception):
+    """:meth:`RedisBackplane.disconnect` was called: the reader ends."""
+
+
+@dataclass
+class _Cursor:
+    """How far a reader has read: the last id, and how many entries the stream had added by then."""
+
+    last: StreamId = (0, 0)
+    seen: int = 0
+
+
+class RedisBackplane(Backplane):
+    """Every instance of the gateway appends to, and reads, the same Redis Stream.
+
+    ``redis``: a URL, a dict of redis-py connection settings (with ``sentinels`` and
+    ``service_name``: the master that Redis Sentinel names), or a list of them (cluster nodes).
+    """
+
+    def __init__(
+        self,
+        redis: str | dict[str, Any] | list[dict[str, Any]],
+        *,
+        namespace: str = "bow",
+        max_len: int = 100_000,
+        block_ms: int = 1000,
+        batch: int = 500,
+        connect_retries: int = 5,
+        retry_backoff: float = 0.1,
+        max_backoff: float = 5.0,
+        publish_timeout: float = 2.0,
+    ) -> None:
+        self.redis = redis
+        self.key = f"{{{namespace}}}:events"  # a hash tag, so that a cluster never splits it
+        self._max_len = max_len
+        self._block_ms = block_ms
+        self._batch = batch
+        self._connect_retries = connect_retries
+        self._retry_backoff = retry_backoff
+        self._max_backoff = max_backoff
+        self._publish_timeout = publish_timeout
+        self._client: Client | None = None
+        self._closers: list[Callable[[], Awaitable[Any]]] = []
+        self._cursor = _Cursor()
+        self._healthy = False
+        self._reads: set[asyncio.Future[Any]] = set()
+        self._writes: set[asyncio.Future[None]] = set()
+
+    @property
+    def ready(self) -> bool:
+        return self._client is not None and self._healthy
+
+    async def connect(self) -> None:
+        """Reach Redis, retrying with capped exponential backoff, and note where the stream ends."""
+        if self._client is not None:
+            return
+        client, closers = self._open()
+        try:
+            self._cursor = await self._tail(client)
+        except BaseException:
+            for close in closers:
+                await close()
+            raise
+        self._client, self._closers, self._healthy = client, closers, True
+
+    async def disconnect(self) -> None:
+        """Let publishes under way finish, interrupt the reads, close the connections."""
+        client, self._client = self._client, None
+        if client is None:
+            return
+        self._healthy = False
+        if self._writes:
+            await asyncio.wait(set(self._writes))
+        for task in self._reads:
+            task.cancel()
+        if self._reads:
+            await asyncio.wait(set(self._reads))
+        for close in self._closers:
+            await close()
+
+    async def publish(self, data: bytes) -> None:
+        """``XADD`` within ``publish_timeout``, or raise :class:`BackplaneUnavailable`; no retry."""
+        client = self._client
+        if client is None:
+            raise BackplaneUnavailable("the gateway is not connected to Redis")
+        task = asyncio.ensure_future(self._xadd(client, data))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        try:
+            await task
+        except _FAILURES as exc:
+            self._lost(exc, "writing to")
+            raise BackplaneUnavailable(f"Redis did not take the event: {_reason(exc)}") from exc
+        self._healthy = True
+
+    async def events(self) -> AsyncIterator[bytes]:
+        """Read on from the last id read (one reader at a time; a later call resumes there)."""
+        client, cursor = self._client, self._cursor
+        if client is None:
+            return
+        failures, check = 0, True
+        while True:
+            try:
+                if failures:  # Redis failed us: wait, then look at the stream before reading on
+                    delay = self._delay(failures - 1)
+                    await self._unless_stopped(client, partial(asyncio.sleep, delay))
+                if check:
+                    await self._unless_stopped(client, partial(self._resync, client, cursor))
+                response = await self._unless_stopped(client, partial(self._xread, client, cursor))
+            except _Stopped:
+                return
+            except _FAILURES as exc:
+                self._lost(exc, "reading from")
+                failures, check = failures + 1, True
+                continue
+            if failures:
+                logger.info("reading %s from Redis again", self.key)
+                failures = 0
+            self._healthy = True
+            entries = _entries(response)
+            check = bool(entries)  # trimming may pass us while these are handled: look first
+            for entry_id, fields in entries:
+                cursor.last, cursor.seen = _parse(entry_id), cursor.seen + 1
+                if FIELD in fields:
+                    yield fields[FIELD]
+
+    # -- Redis commands -----------------------------------------------------------------------
+
+    async def _xadd(self, client: Client, data: bytes) -> None:
+        """Append ``data``: a task of its own, so that :meth:`disconnect` can wait for it."""
+        try:
+            async with asyncio.timeout(self._publish_timeout):
+                await client.xadd(self.key, {FIELD: data}, maxlen=self._max_len, approximate=True)
+        except TimeoutError:
+            raise TimeoutError(f"no answer within {self._publish_timeout}s") from None
+
+    async def _xread(self, client: Client, cursor: _Cursor) -> Any:
+        last = f"{cursor.last[0]}-{cursor.last[1]}"
+        return await client.xread({self.key: last}, count=self._batch, block=self._block_ms)
+
+    async def _info(self, client: Client) -> dict[str, Any] | None:
+        """``XINFO STREAM`` of the events stream, or ``None`` while it does not exist."""
+        try:
+            info: dict[str, Any] = await client.xinfo_stream(self.key)
+        except ResponseError as exc:
+            if "no such key" in str(exc).lower():
+                return None
+            raise
+        return info
+
+    async def _tail(self, client: Client) -> _Cursor:
+        """Where the stream ends now, retried while Redis is unreachable."""
+        attempt = 0
+        while True:
+            try:
+                info = await self._info(client)
+                break
+            except _FAILURES as exc:
+                where, reason = _describe(self.redis), _reason(exc)
+                if attempt >= self._connect_retries:
+                    raise BackplaneUnavailable(
+                        f"cannot reach Redis at {where} after {attempt + 1} attempts: {reason}"
+                    ) from exc
+                delay = self._delay(attempt)
+                logger.warning(
+                    "cannot reach Redis at %s (%s); trying again in %.1fs", where, reason, delay
+                )
+                await asyncio.sleep(delay)
+                attempt += 1
+        if info is None:
+            return _Cursor()
+        return _Cursor(_parse(info["last-generated-id"]), info.get("entries-added") or 0)
+
+    async def _resync(self, client: Client, cursor: _Cursor) -> None:
+        """Before reading on: notice a stream that was reset, or trimmed past ``cursor``."""
+        info = await self._info(client)
+        added = info.get("entries-added") if info else 0
+        if (
+            info is None
+            or _parse(info["last-generated-id"]) < cursor.last
+            or (added is not None and added < cursor.seen)
+        ):
+            if cursor != _Cursor():
+                logger.warning(
+                    "the Redis stream %s was reset (Redis restarted without persistence?): reading"
+                    " it from its start; events this instance had not read by then are lost",
+                    self.key,
+                )
+            cursor.last, cursor.seen = (0, 0), 0
+            return
+        first = info["first-entry"]
+        if added is not None and first is not None and _parse(first[0]) > cursor.last:
+            lost = added - cursor.seen - info["length"]
+            if lost > 0:
+                logger.warning(
+                    "%d events were trimmed from the Redis stream %s before this instance could "
+                    "read them (max_len=%d)",
+                    lost,
+                    self.key,
+                    self._max_len,
+                )
+                cursor.seen += lost
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    async def _unless_stopped(self, client: Client, start: Callable[[], Awaitable[T]]) -> T:
+        """Run ``start()`` as a task that :meth:`disconnect` may cancel; then raise ``_Stopped``."""
+        if self._client is not client:
+            raise _Stopped
+        task = asyncio.ensure_future(start())
+        self._reads.add(task)
+        try:
+            await asyncio.wait({task})
+        finally:
+            self._reads.discard(task)
+            task.cancel()  # a no-op once done; when our caller is cancelled, the read goes too
+        if task.cancelled():
+            raise _Stopped
+        return task.result()
+
+    def _open(self) -> tuple[Client, list[Callable[[], Awaitable[Any]]]]:
+        """A client for the ``redis`` setting, and what closes it."""
+        # This class reconnects and resumes by itself: redis-py retrying a command behind its back
+        # would hide a lost connection (and could write an event twice). RESP2, because with
+        # RESP3 redis-py 8 hands out pooled connections that Redis has closed, so the first
+        # publishes after a Redis restart fail. The user's settings win, but events are bytes.
+        own: dict[str, Any] = {
+            "retry": Retry(NoBackoff(), 0),
+            "protocol": 2,
+            "socket_timeout": self._block_ms / 1000 + 5,  # XREAD BLOCK must not time out
+        }
+        raw = {"decode_responses": False}
+        redis = self.redis
+        if isinstance(redis, str):
+            client: Client = Redis.from_url(redis, **own, **raw)
+        elif isinstance(redis, list):
+            nodes = [ClusterNode(node["host"], node.get("port", 6379)) for node in redis]
+            shared = {k: v for node in redis for k, v in node.items() if k not in ("host", "port")}
+            client = RedisCluster(startup_nodes=nodes, **{**own, **shared, **raw})
+        elif "sentinels" in redis:
+            options = {**own, **redis, **raw}
+            sentinels = [_address(sentinel) for sentinel in options.pop("sentinels")]
+            service = options.pop("service_name")
+            sentinel = Sentinel(  # type: ignore[no-untyped-call]
+                sentinels, sentinel_kwargs=options.pop("sentinel_kwargs", None), **options
+            )
+            master = sentinel.master_for(service)
+            return master, [master.aclose, *(each.aclose for each in sentinel.sentinels)]
+        else:
+            client = Redis(**{**own, **redis, **raw})
+        return client, [client.aclose]
+
+    def _delay(self, attempt: int) -> float:
+        """Capped exponential backoff."""
+        return float(min(self._max_backoff, self._retry_backoff * 2**attempt))
+
+    def _lost(self, exc: BaseException, doing: str) -> None:
+        """Not ready until Redis answers again; logged once per outage."""
+        if self._healthy:
+            logger.warning("lost Redis while %s %s: %s; retrying", doing, self.key, _reason(exc))
+        self._healthy = False
+
+
+def _entries(response: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """The ``(id, fields)`` entries of an XREAD on one stream, whatever shape redis-py chose."""
+    if not response:
+        return []
+    (entries,) = response.values() if isinstance(response, dict) else [s[1] for s in response]
+    if entries and isinstance(entries[0], list):  # RESP3 with legacy_responses: one level more
+        (entries,) = entries
+    return list(entries)
+
+
+def _parse(entry_id: bytes | str) -> StreamId:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    milliseconds, _, sequence = text.partition("-")
+    return int(milliseconds), int(sequence or 0)
+
+
+def _address(sentinel: Any) -> tuple[str, int]:
+    """A sentinel as ``"host:port"`` or ``[host, port]``."""
+    host, port = sentinel.rsplit(":", 1) if isinstance(sentinel, str) else sentinel
+    return str(host), int(port)
+
+
+def _describe(redis: Any) -> str:
+    """The ``redis`` setting for a log line, without its password."""
+    if isinstance(redis, str):
+        return re.sub(r"//[^@/]*@", "//", redis)
+    if isinstance(redis, list):
+        return ", ".join(_describe(node) for node in redis)
+    if "sentinels" in redis:
+        return f"the master of {redis.get('service_name')!r} (sentinels {redis['sentinels']})"
+    address = f"{redis.get('host', 'localhost')}:{redis.get('port', 6379)}"
+    return str(redis.get("unix_socket_path") or address)
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,189 @@
+"""The backplane contract, run against every backend: in-process, Redis, and Redis Cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from bow_gateway.backplane import Backplane, BackplaneUnavailable, MemoryBackplane
+from bow_gateway.redis_backplane import RedisBackplane
+
+from .redis_server import RedisServer
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def redis_cluster() -> Iterator[RedisServer]:
+    with RedisServer(cluster=True) as server:
+        yield server
+
+
+class Backend:
+    """Makes connected backplanes; ``shared``: whether they are instances of one gateway."""
+
+    def __init__(self, kind: str, server: RedisServer | None) -> None:
+        self.kind = kind
+        self.shared = kind != "memory"
+        self.server = server
+        self.namespace = f"test-{uuid.uuid4().hex[:8]}"  # the module's tests share one server
+        self.made: list[Backplane] = []
+
+    def new(self) -> Backplane:
+        backplane: Backplane
+        if self.server is None:
+            backplane = MemoryBackplane()
+        else:
+            redis: Any = self.server.url
+            if self.kind == "cluster":
+                redis = [{"host": "127.0.0.1", "port": self.server.port}]
+            # A long block shows that disconnect() interrupts the blocking read.
+            backplane = RedisBackplane(redis, namespace=self.namespace, block_ms=10_000)
+        self.made.append(backplane)
+        return backplane
+
+    async def connected(self) -> Backplane:
+        backplane = self.new()
+        await backplane.connect()
+        return backplane
+
+
+@pytest.fixture(params=["memory", "redis", "cluster"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    fixture = {"redis": "redis_server", "cluster": "redis_cluster"}.get(request.param)
+    server = request.getfixturevalue(fixture) if fixture else None
+    backend = Backend(request.param, server)
+    yield backend
+    for backplane in backend.made:
+        await backplane.disconnect()
+
+
+async def take(backplane: Backplane, count: int, timeout: float = 5.0) -> list[bytes]:
+    """The next ``count`` events of ``backplane``."""
+    got: list[bytes] = []
+    events = backplane.events()
+    try:
+        async with asyncio.timeout(timeout):
+            async for data in events:
+                got.append(data)
+                if len(got) == count:
+                    break
+    finally:
+        if isinstance(events, AsyncGenerator):
+            await events.aclose()
+    return got
+
+
+def numbered(count: int, prefix: str = "event") -> list[bytes]:
+    return [f"{prefix} {n}".encode() for n in range(count)]
+
+
+async def test_ready_once_connected_and_no_longer_after_disconnect(backend: Backend) -> None:
+    backplane = backend.new()
+    assert not backplane.ready
+    await backplane.connect()
+    assert backplane.ready
+    await backplane.disconnect()
+    assert not backplane.ready
+
+
+async def test_events_come_out_in_publish_order(backend: Backend) -> None:
+    backplane = await backend.connected()
+    events = numbered(200)
+    for data in events:
+        await backplane.publish(data)
+    assert await take(backplane, len(events)) == events
+
+
+async def test_events_are_opaque_bytes(backend: Backend) -> None:
+    backplane = await backend.connected()
+    events = [b"", b"\x00\xff\r\n", "é ✓".encode(), b"x" * 100_000]
+    for data in events:
+        await backplane.publish(data)
+    assert await take(backplane, len(events)) == events
+
+
+async def test_a_later_events_call_resumes_where_the_last_one_stopped(backend: Backend) -> None:
+    backplane = await backend.connected()
+    for data in numbered(6):
+        await backplane.publish(data)
+    assert await take(backplane, 2) == numbered(6)[:2]
+    assert await take(backplane, 4) == numbered(6)[2:]
+
+
+async def test_events_start_at_connect(backend: Backend) -> None:
+    if backend.shared:
+        earlier = await backend.connected()
+        await earlier.publish(b"before")
+    backplane = await backend.connected()
+    await backplane.publish(b"after")
+    assert await take(backplane, 1) == [b"after"]
+
+
+async def test_events_end_promptly_after_disconnect(backend: Backend) -> None:
+    backplane = await backend.connected()
+    await backplane.publish(b"one")
+    got: list[bytes] = []
+
+    async def consume() -> None:
+        async for data in backplane.events():
+            got.append(data)
+
+    consumer = asyncio.create_task(consume())
+    while not got:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)  # the consumer now waits for the next event
+    async with asyncio.timeout(1.0):  # Redis blocks for 10 s: disconnect() must interrupt it
+        await backplane.disconnect()
+        await consumer
+    assert got == [b"one"]
+
+
+async def test_publish_after_disconnect_is_refused(backend: Backend) -> None:
+    backplane = await backend.connected()
+    await backplane.disconnect()
+    with pytest.raises(BackplaneUnavailable):
+        await backplane.publish(b"late")
+    async with asyncio.timeout(1):
+        assert [data async for data in backplane.events()] == []
+
+
+async def test_publish_before_connect_is_refused(backend: Backend) -> None:
+    with pytest.raises(BackplaneUnavailable):
+        await backend.new().publish(b"early")
+
+
+async def test_instances_of_one_gateway_see_all_events_in_one_order(backend: Backend) -> None:
+    if not backend.shared:
+        pytest.skip(f"{backend.kind} backplanes are not shared between instances")
+    first, second = await backend.connected(), await backend.connected()
+    events = numbered(100)
+    for n, data in enumerate(events):
+        await (first if n % 3 else second).publish(data)
+    assert await take(first, len(events)) == events
+    assert await take(second, len(events)) == events
+
+
+async def test_concurrent_publishers_agree_on_one_order(backend: Backend) -> None:
+    if not backend.shared:
+        pytest.skip(f"{backend.kind} backplanes are not shared between instances")
+    first, second = await backend.connected(), await backend.connected()
+    a, b = numbered(100, "a"), numbered(100, "b")
+
+    async def publish_all(backplane: Backplane, events: list[bytes]) -> None:
+        for data in events:
+            await backplane.publish(data)
+
+    await asyncio.gather(publish_all(first, a), publish_all(second, b))
+    seen_first, seen_second = await take(first, 200), await take(second, 200)
+    assert seen_first == seen_second
+    assert [e for e in seen_first if e.startswith(b"a")] == a
+    assert [e for e in seen_first if e.startswith(b"b")] == b
