@@ -184,7 +184,7 @@ def tour(bow: Bow, settings: Settings) -> str:
         "",
         "Try it from another terminal:",
         f"  TOKEN=$(bow-gateway token --id {EXAMPLE_ID} --criteria '{EXAMPLE_CRITERIA}')",
-        f"  {_join(listen)} --token \"$TOKEN\"",
+        f'  {_join(listen)} --token "$TOKEN"',
         "and from a third one:",
         f"  {_join(push)} --name greeting --audience '{EXAMPLE_AUDIENCE}'"
         f" --payload '{EXAMPLE_PAYLOAD}'",
@@ -271,8 +271,10 @@ async def _post(url: str, user: str, password: str, body: Any) -> int:
         ):
             text = (await response.text()).strip()
     except (aiohttp.ClientError, TimeoutError) as error:
-        print(f"bow-gateway push: cannot reach {url}: {error or type(error).__name__}",
-              file=sys.stderr)
+        print(
+            f"bow-gateway push: cannot reach {url}: {error or type(error).__name__}",
+            file=sys.stderr,
+        )
         return 1
     status = f"{response.status} {response.reason}"
     if response.status == 204:
@@ -498,7 +500,7 @@ def _parser() -> argparse.ArgumentParser:
         "push",
         help="POST a message to an inbound",
         formatter_class=_Formatter,
-        description="POST {\"name\": NAME, \"audience\": AUDIENCE, ...PAYLOAD's keys} to an\n"
+        description='POST {"name": NAME, "audience": AUDIENCE, ...PAYLOAD\'s keys} to an\n'
         "inbound: with the pass-through inbound the body is the payload. Prints the status;\n"
         "exit 0 when accepted (204), 1 otherwise.",
         epilog="Example:\n"
@@ -525,9 +527,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="JSON",
         help=f"a JSON list of queries, like '{EXAMPLE_AUDIENCE}'",
     )
-    push.add_argument(
-        "--payload", metavar="JSON", help=f"a JSON object, like '{EXAMPLE_PAYLOAD}'"
-    )
+    push.add_argument("--payload", metavar="JSON", help=f"a JSON object, like '{EXAMPLE_PAYLOAD}'")
     push.add_argument(
         "--envelope",
         action="store_true",
@@ -558,4 +558,3 @@ def _port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"not a port number: {text!r}")
     return port
-

@@ -216,7 +216,10 @@ class Bow:
                 )
 
     def _check_versions(self) -> None:
-        specs: list[InboundSpec | OutboundSpec] = [*self._inbounds.values(), *self._outbounds.values()]
+        specs: list[InboundSpec | OutboundSpec] = [
+            *self._inbounds.values(),
+            *self._outbounds.values(),
+        ]
         for spec in specs:
             if spec.middleware_version not in self._middlewares:
                 what = (

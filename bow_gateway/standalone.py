@@ -167,16 +167,18 @@ def embedded_default(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
         "middlewares": [
             {
                 "version": DEFAULT_VERSION,
-                "create_criteria_from_listener_details":
-                    "bow_gateway.middlewares.claims:criteria_from_claim",
+                "create_criteria_from_listener_details": (
+                    "bow_gateway.middlewares.claims:criteria_from_claim"
+                ),
                 "options": {"claim": "criteria"},
             }
         ],
         "inbounds": [
             {
                 "path": DEFAULT_INBOUND_PATH,
-                "create_message_from_request_body":
-                    "bow_gateway.inbounds.passthrough:create_message_from_request_body",
+                "create_message_from_request_body": (
+                    "bow_gateway.inbounds.passthrough:create_message_from_request_body"
+                ),
                 "middleware_version": DEFAULT_VERSION,
             }
         ],
@@ -202,7 +204,9 @@ def load_settings(path: str | None, environ: Mapping[str, str] = os.environ) -> 
             logger.warning(
                 "%s is not set: tokens are checked with the development secret %r, which "
                 "everyone knows. Set %s before exposing this gateway.",
-                JWT_SECRET_ENV, DEV_JWT_SECRET, JWT_SECRET_ENV,
+                JWT_SECRET_ENV,
+                DEV_JWT_SECRET,
+                JWT_SECRET_ENV,
             )
     else:
         try:

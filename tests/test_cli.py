@@ -112,8 +112,9 @@ async def run(*args: str, env: dict[str, str] | None = None, timeout: float = 20
 
 async def run_shell(script: str, timeout: float = 20, **env: str) -> Result:
     """Run a command line as a user pastes it into bash."""
-    return await run_process("bash", "-c", SHELL_PRELUDE + script, env=clean_env(**env),
-                             timeout=timeout)
+    return await run_process(
+        "bash", "-c", SHELL_PRELUDE + script, env=clean_env(**env), timeout=timeout
+    )
 
 
 @dataclass
@@ -208,7 +209,9 @@ async def test_the_printed_tour_works(server: Server) -> None:
     assert "development secret" in minted.err
 
     listener = await Running.start(
-        "bash", "-c", SHELL_PRELUDE + server.command("bow-gateway listen"),
+        "bash",
+        "-c",
+        SHELL_PRELUDE + server.command("bow-gateway listen"),
         env=clean_env(TOKEN=token),
     )
     try:
@@ -248,20 +251,36 @@ async def test_listen_mints_its_own_token_and_push_reaches_only_the_audience(
             guest.stderr_until(lambda line: line.startswith("listening")),
         )
         pushed = await run(
-            "push", "--url", server.url, "--name", "only-admins",
-            "--audience", '[{"role": "admin"}]', "--payload", '{"n": 1}',
+            "push",
+            "--url",
+            server.url,
+            "--name",
+            "only-admins",
+            "--audience",
+            '[{"role": "admin"}]',
+            "--payload",
+            '{"n": 1}',
         )
         assert pushed.code == 0, pushed.err
         pushed = await run(
-            "push", "--url", server.url, "--name", "everyone",
-            "--audience", '[{"role": "admin"}, {"role": "guest"}]',
+            "push",
+            "--url",
+            server.url,
+            "--name",
+            "everyone",
+            "--audience",
+            '[{"role": "admin"}, {"role": "guest"}]',
         )
         assert pushed.code == 0, pushed.err
         assert [json.loads(await admin.stdout_line()) for _ in range(2)] == [
-            {"event": "only-admins", "data": {"name": "only-admins",
-                                               "audience": [{"role": "admin"}], "n": 1}},
-            {"event": "everyone", "data": {"name": "everyone",
-                                            "audience": [{"role": "admin"}, {"role": "guest"}]}},
+            {
+                "event": "only-admins",
+                "data": {"name": "only-admins", "audience": [{"role": "admin"}], "n": 1},
+            },
+            {
+                "event": "everyone",
+                "data": {"name": "everyone", "audience": [{"role": "admin"}, {"role": "guest"}]},
+            },
         ]
         assert json.loads(await guest.stdout_line())["event"] == "everyone"
     finally:
@@ -274,8 +293,15 @@ async def test_refusals_exit_1_with_the_reason(server: Server) -> None:
         run("listen", "--url", server.url, "--token", "not-a-token"),
         run("listen", "--url", server.url, "--version", "v9", "--id", "USER/1"),
         run(
-            "push", "--url", server.url, "--password", "wrong",
-            "--name", "n", "--audience", "[]",
+            "push",
+            "--url",
+            server.url,
+            "--password",
+            "wrong",
+            "--name",
+            "n",
+            "--audience",
+            "[]",
         ),
         run("push", "--url", f"http://127.0.0.1:{free_port()}", "--name", "n", "--audience", "[]"),
     )
@@ -321,13 +347,22 @@ async def test_serve_from_a_config_file_and_the_environment(tmp_path: Path) -> N
     example = Path(__file__).resolve().parent.parent / "deploy" / "gateway.example.toml"
     port = free_port()
     serve = await Running.start(
-        *PYTHON, "serve", "--config", str(example),
+        *PYTHON,
+        "serve",
+        "--config",
+        str(example),
         env=clean_env(BOW_PORT=str(port), BOW_JWT_SECRET=SECRET, BOW_INBOUND_PASSWORD="pw"),
     )
     try:
         await serve.stderr_until(lambda line: f"serving on 127.0.0.1:{port}" in line)
         pushed = await run(
-            "push", "--url", f"http://127.0.0.1:{port}", "--name", "n", "--audience", "[]",
+            "push",
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--name",
+            "n",
+            "--audience",
+            "[]",
             env=clean_env(BOW_INBOUND_PASSWORD="pw"),
         )
         assert pushed.code == 0, pushed.err

@@ -79,7 +79,9 @@ async def test_unknown_path_with_credentials_gets_404(push: Push) -> None:
     assert (await push(MESSAGE, path="/v9/messages")).status == 404
 
 
-async def test_other_method_on_an_inbound_path_gets_405(http: aiohttp.ClientSession, url: str) -> None:
+async def test_other_method_on_an_inbound_path_gets_405(
+    http: aiohttp.ClientSession, url: str
+) -> None:
     async with http.get(url + PATH, headers=AUTH) as response:
         assert response.status == 405
         assert "POST" in response.headers["Allow"]
@@ -151,9 +153,13 @@ async def test_invalid_message_gets_422_naming_the_field(
     bow = await start_bow(
         Bow(base_config())
         .middleware(version="1", create_criteria_from_listener_details=lambda details: {})
-        .inbound(path=PATH, create_message_from_request_body=lambda body: body, middleware_version="1")
+        .inbound(
+            path=PATH, create_message_from_request_body=lambda body: body, middleware_version="1"
+        )
     )
-    async with http.post(f"http://127.0.0.1:{bow.port}{PATH}", json=message, headers=AUTH) as response:
+    async with http.post(
+        f"http://127.0.0.1:{bow.port}{PATH}", json=message, headers=AUTH
+    ) as response:
         assert response.status == 422
         assert f"{field}:" in await response.text()
 
@@ -236,6 +242,8 @@ async def test_health_is_503_once_the_instance_stops_serving(
     await backplane.disconnect()  # as when Redis becomes unreachable
     async with http.get(f"http://127.0.0.1:{bow.port}/health") as response:
         assert response.status == 503
-    async with http.post(f"http://127.0.0.1:{bow.port}{PATH}", json=MESSAGE, headers=AUTH) as response:
+    async with http.post(
+        f"http://127.0.0.1:{bow.port}{PATH}", json=MESSAGE, headers=AUTH
+    ) as response:
         assert response.status == 503
         assert "Retry-After" in response.headers

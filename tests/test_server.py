@@ -77,13 +77,23 @@ def test_configuration_defaults() -> None:
 def test_registrations_chain_on_the_same_bow() -> None:
     bow = Bow(base_config())
     assert bow.middleware(version="1", create_criteria_from_listener_details=criteria) is bow
-    assert bow.inbound(path="/in", create_message_from_request_body=message, middleware_version="1") is bow
-    assert bow.outbound(version="1", create_listener_details_from_token=listener, middleware_version="1") is bow
+    assert (
+        bow.inbound(path="/in", create_message_from_request_body=message, middleware_version="1")
+        is bow
+    )
+    assert (
+        bow.outbound(
+            version="1", create_listener_details_from_token=listener, middleware_version="1"
+        )
+        is bow
+    )
     assert bow.health_check(lambda request: None) is bow
 
 
 def test_duplicate_middleware_version_is_refused_with_or_without_its_v() -> None:
-    bow = Bow(base_config()).middleware(version="v1.1", create_criteria_from_listener_details=criteria)
+    bow = Bow(base_config()).middleware(
+        version="v1.1", create_criteria_from_listener_details=criteria
+    )
     with pytest.raises(ValueError, match="already registered"):
         bow.middleware(version="1.1", create_criteria_from_listener_details=criteria)
 
@@ -93,7 +103,9 @@ def test_duplicate_outbound_version_is_refused() -> None:
         version="v2", create_listener_details_from_token=listener, middleware_version="1"
     )
     with pytest.raises(ValueError, match="already registered"):
-        bow.outbound(version="v2", create_listener_details_from_token=listener, middleware_version="1")
+        bow.outbound(
+            version="v2", create_listener_details_from_token=listener, middleware_version="1"
+        )
 
 
 def test_duplicate_inbound_path_is_refused() -> None:
@@ -115,7 +127,9 @@ def test_reserved_or_malformed_inbound_path_is_refused(path: Any) -> None:
 @pytest.mark.parametrize("version", ["", "v", None, 1])
 def test_empty_or_non_string_version_is_refused(version: Any) -> None:
     with pytest.raises(ValueError, match="middleware"):
-        Bow(base_config()).middleware(version=version, create_criteria_from_listener_details=criteria)
+        Bow(base_config()).middleware(
+            version=version, create_criteria_from_listener_details=criteria
+        )
 
 
 def test_non_callable_functions_are_refused() -> None:
@@ -134,7 +148,7 @@ async def test_inbound_naming_an_unregistered_middleware_fails_at_start() -> Non
     bow = Bow(base_config()).inbound(
         path="/in", create_message_from_request_body=message, middleware_version="v9"
     )
-    with pytest.raises(ValueError, match="inbound '/in'.*'9'"):
+    with pytest.raises(ValueError, match=r"inbound '/in'.*'9'"):
         await bow.start()
 
 
