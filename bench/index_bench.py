@@ -115,11 +115,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-check", action="store_true", help="skip the brute-force check of audience sizes"
     )
-    parser.add_argument(
-        "--compare",
-        action="store_true",
-        help="also time a prototype whose posting lists hold sockets (bench/_socket_postings.py)",
-    )
     args = parser.parse_args(argv)
     n = args.listeners
     if n < 1_000:
@@ -162,17 +157,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({len(gc.get_objects()):,} objects tracked by the gc)"
     )
     print()
-
-    alternative = None
-    if args.compare:
-        from _socket_postings import SocketPostingIndex
-
-        alternative = SocketPostingIndex()
-        started = time.perf_counter()
-        for i in range(n):
-            alternative.add(sockets[i], all_criteria[i]["__id"], all_criteria[i])
-        print(f"prototype (postings of sockets) built in {time.perf_counter() - started:.2f} s")
-        print()
 
     # Audiences vary from call to call (random ids) so that no cache flatters them.
     picks = [rng.randrange(n) for _ in range(1_024)]
@@ -217,7 +201,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     headers = ["audience", "sockets", "calls", "median", "p99", "min", "per socket", "target"]
     rows: list[list[str]] = []
-    compare_rows: list[list[str]] = []
     verdicts = []
     for name, make_audience, target in cases:
         sample_audience = make_audience()
@@ -226,44 +209,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             expected = expected_count(all_criteria, sample_audience)
             assert size == expected, f"{name}: resolve() gave {size}, brute force {expected}"
         audiences = [make_audience() for _ in range(1_024)]
-        resolvers: list[tuple[Callable[[Any], Any], list[list[str]]]] = [(index.resolve, rows)]
-        if alternative is not None:
-            assert len(alternative.resolve(sample_audience)) == size, name
-            resolvers.append((alternative.resolve, compare_rows))
-        for resolver, out in resolvers:
-            engine = out is rows
-            samples = time_calls(
-                _cycling(resolver, audiences), args.seconds, min_reps=15, max_reps=200_000
-            )
-            median, p99, fastest, _ = common.summary(samples)
-            verdict = ""
-            if target is not None:
-                ok = median < target
-                verdict = f"< {common.human_ns(target)}: {'PASS' if ok else 'FAIL'}"
-                if engine:
-                    verdicts.append(ok)
-            out.append(
-                [
-                    name,
-                    f"{size:,}",
-                    f"{len(samples):,}",
-                    common.human_ns(median),
-                    common.human_ns(p99),
-                    common.human_ns(fastest),
-                    common.human_ns(median / size) if size else "-",
-                    verdict,
-                ]
-            )
+        samples = time_calls(
+            _cycling(index.resolve, audiences), args.seconds, min_reps=15, max_reps=200_000
+        )
+        median, p99, fastest, _ = common.summary(samples)
+        verdict = ""
+        if target is not None:
+            ok = median < target
+            verdict = f"< {common.human_ns(target)}: {'PASS' if ok else 'FAIL'}"
+            verdicts.append(ok)
+        rows.append(
+            [
+                name,
+                f"{size:,}",
+                f"{len(samples):,}",
+                common.human_ns(median),
+                common.human_ns(p99),
+                common.human_ns(fastest),
+                common.human_ns(median / size) if size else "-",
+                verdict,
+            ]
+        )
 
     wall = time.perf_counter() - wall_before
     others = common.machine_busy_seconds() - busy_before - (time.process_time() - own_before)
     print("CriteriaIndex.resolve() (bow_gateway/index.py):")
     print(common.table(headers, rows))
     print()
-    if compare_rows:
-        print("prototype with postings of sockets (bench/_socket_postings.py), same audiences:")
-        print(common.table(headers, compare_rows))
-        print()
     print(
         f"other processes used {100 * max(0.0, others) / wall:.0f}% of a CPU while resolve() "
         f"was timed; load average now: {common.load_average()}"

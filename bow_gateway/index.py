@@ -31,12 +31,13 @@ class CriteriaIndex(Generic[S]):
     """The sockets of one middleware version, indexed by their listener's criteria.
 
     Criteria belong to the listener id: every socket of an id shares them, and a new set of
-    criteria for the id replaces the old one for all its sockets.
+    criteria for the id replaces the old one for all its sockets. Posting lists hold sockets,
+    not listener ids, so that a resolved audience needs no second lookup per listener.
     """
 
     def __init__(self) -> None:
         self._listeners: dict[ListenerId, _Listener[S]] = {}
-        self._postings: dict[Entry, set[ListenerId]] = {}
+        self._postings: dict[Entry, set[S]] = {}
 
     def __len__(self) -> int:
         """The number of listeners (ids) held."""
@@ -54,52 +55,54 @@ class CriteriaIndex(Generic[S]):
 
     def add(self, socket: S, listener_id: ListenerId, criteria: Criteria) -> None:
         """Hold ``socket`` for ``listener_id``, whose criteria become ``criteria``."""
-        self.update(listener_id, criteria, create=True)
-        self._listeners[listener_id].sockets.add(socket)
+        listener = self._listeners.get(listener_id)
+        if listener is None:
+            listener = self._listeners[listener_id] = _Listener(criteria, _entries(criteria))
+        else:
+            self.update(listener_id, criteria)
+        if socket not in listener.sockets:
+            listener.sockets.add(socket)
+            self._post(socket, listener.entries)
 
     def remove(self, socket: S, listener_id: ListenerId) -> None:
         """Forget ``socket``; the listener goes with its last socket."""
         listener = self._listeners.get(listener_id)
-        if listener is None:
+        if listener is None or socket not in listener.sockets:
             return
         listener.sockets.discard(socket)
+        self._unpost(socket, listener.entries)
         if not listener.sockets:
-            self._unpost(listener_id, listener.entries)
             del self._listeners[listener_id]
 
-    def update(self, listener_id: ListenerId, criteria: Criteria, create: bool = False) -> bool:
+    def update(self, listener_id: ListenerId, criteria: Criteria) -> bool:
         """Give a held listener new criteria; True if they differ (strictly) from the old ones."""
-        entries = criteria_entries({k: v for k, v in criteria.items() if k != ID_KEY})
         listener = self._listeners.get(listener_id)
         if listener is None:
-            if not create:
-                return False
-            self._listeners[listener_id] = _Listener(criteria, entries)
-            self._post(listener_id, entries)
-            return True
-        if listener.entries == entries:
-            listener.criteria = criteria
             return False
-        self._unpost(listener_id, listener.entries - entries)
-        self._post(listener_id, entries - listener.entries)
+        entries = _entries(criteria)
         listener.criteria = criteria
+        if listener.entries == entries:
+            return False
+        gone, new = listener.entries - entries, entries - listener.entries
+        for socket in listener.sockets:
+            self._unpost(socket, gone)
+            self._post(socket, new)
         listener.entries = entries
         return True
 
     def resolve(self, audience: Iterable[Query]) -> set[S]:
         """Every socket whose criteria match at least one query of ``audience``."""
-        listeners = self._listeners
-        matched: set[ListenerId] = set()
+        matched: set[S] = set()
         for query in audience:
             if ID_KEY in query:
                 listener_id = query[ID_KEY]
-                listener = None if isinstance(listener_id, bool) else listeners.get(listener_id)
+                listener = None if isinstance(listener_id, bool) else self._listeners.get(listener_id)
                 if listener is not None and all(
                     (key, typed_key(value)) in listener.entries
                     for key, value in query.items()
                     if key != ID_KEY
                 ):
-                    matched.add(listener_id)
+                    matched |= listener.sockets
                 continue
             postings = []
             for key, value in query.items():
@@ -113,24 +116,25 @@ class CriteriaIndex(Generic[S]):
                 elif postings:
                     postings.sort(key=len)
                     matched |= postings[0].intersection(*postings[1:])
-        sockets: set[S] = set()
-        for listener_id in matched:
-            sockets |= listeners[listener_id].sockets
-        return sockets
+        return matched
 
-    def _post(self, listener_id: ListenerId, entries: Iterable[Entry]) -> None:
+    def _post(self, socket: S, entries: Iterable[Entry]) -> None:
         postings = self._postings
         for entry in entries:
             posting = postings.get(entry)
             if posting is None:
-                postings[entry] = {listener_id}
+                postings[entry] = {socket}
             else:
-                posting.add(listener_id)
+                posting.add(socket)
 
-    def _unpost(self, listener_id: ListenerId, entries: Iterable[Entry]) -> None:
+    def _unpost(self, socket: S, entries: Iterable[Entry]) -> None:
         postings = self._postings
         for entry in entries:
             posting = postings[entry]
-            posting.discard(listener_id)
+            posting.discard(socket)
             if not posting:
                 del postings[entry]
+
+
+def _entries(criteria: Criteria) -> frozenset[Entry]:
+    return criteria_entries({k: v for k, v in criteria.items() if k != ID_KEY})
