@@ -85,10 +85,24 @@ class MemoryBackplane(Backplane):
         return self._queue is not None
 
 
-def backplane_from_config(redis: Any, **options: Any) -> Backplane:
+def backplane_from_config(
+    redis: Any,
+    *,
+    namespace: str = "bow",
+    max_pending: int = 10_000,
+    max_len: int = 100_000,
+    connect_retries: int = 5,
+    publish_timeout: float = 2.0,
+) -> Backplane:
     """The backend for the ``redis`` setting: in-process for ``None``, a Redis stream otherwise."""
     if redis is None:
-        return MemoryBackplane()
+        return MemoryBackplane(max_pending=max_pending)
     from .redis_backplane import RedisBackplane
 
-    return RedisBackplane(redis, **options)
+    return RedisBackplane(
+        redis,
+        namespace=namespace,
+        max_len=max_len,
+        connect_retries=connect_retries,
+        publish_timeout=publish_timeout,
+    )

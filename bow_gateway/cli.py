@@ -11,6 +11,7 @@ import os
 import shlex
 import signal
 import sys
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
@@ -31,8 +32,10 @@ from .standalone import (
     JWT_SECRET_ENV,
     Settings,
     build_bow,
+    environment_variables,
     load_settings,
 )
+from .workers import run_workers, worker_settings
 
 logger = logging.getLogger("bow_gateway.cli")
 
@@ -84,14 +87,35 @@ def _serve(args: argparse.Namespace) -> int:
     )
     try:
         settings = load_settings(args.config).with_address(host=args.host, port=args.port)
+        if args.workers > 1:
+            settings = worker_settings(settings)
         bow = build_bow(settings)
     except ValueError as error:
         print(f"bow-gateway serve: {error}", file=sys.stderr)
         return 2
+    if args.workers > 1:
+        del bow  # each worker builds its own, in its own process
+        return run_workers(args.workers, _worker, args.config, args.host, args.port, args.workers)
     return asyncio.run(_run_server(bow, settings))
 
 
-async def _run_server(bow: Bow, settings: Settings) -> int:
+def _worker(
+    number: int, config: str | None, host: str | None, port: int | None, count: int
+) -> None:
+    """One of ``serve --workers`` processes: the same gateway, WebSocket only, the shared port."""
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s %(levelname)-7s worker {number}: %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    settings = worker_settings(load_settings(config).with_address(host=host, port=port))
+    status = asyncio.run(_run_server(build_bow(settings), settings, quiet=number > 0))
+    if number == 0 and status == 0:
+        logger.info("%d workers stopped", count)
+    sys.exit(status)
+
+
+async def _run_server(bow: Bow, settings: Settings, quiet: bool = False) -> int:
     stop = _stop_on_signals()
     try:
         await bow.start()
@@ -108,7 +132,8 @@ async def _run_server(bow: Bow, settings: Settings) -> int:
     except BackplaneUnavailable as error:
         print(f"bow-gateway serve: {error}", file=sys.stderr)
         return 1
-    print(tour(bow, settings), flush=True)
+    if not quiet:
+        print(tour(bow, settings), flush=True)
     await stop.wait()
     logger.info("stopping: closing sockets and draining")
     await bow.stop()
@@ -431,11 +456,10 @@ def _parser() -> argparse.ArgumentParser:
         f"(else the development secret {DEV_JWT_SECRET!r});\n"
         "criteria from the token's 'criteria' claim.",
         epilog="Environment: every setting can come from a variable, which overrides the file:\n"
-        "  BOW_PORT BOW_HOST BOW_NAMESPACE BOW_REDIS_URL BOW_LOG_INTERVAL\n"
-        "  BOW_HTTPS_CERTFILE BOW_HTTPS_KEYFILE BOW_HTTPS_PASSWORD\n"
-        "  BOW_INBOUND_REALM BOW_INBOUND_USERNAME BOW_INBOUND_PASSWORD\n"
-        "  BOW_INBOUND_MAX_BODY_SIZE BOW_INBOUND_TIMEOUT\n"
-        "  BOW_OUTBOUND_TIMEOUT BOW_OUTBOUND_MAX_QUEUED_FRAMES\n"
+        + textwrap.fill(
+            " ".join(environment_variables()), 88, initial_indent="  ", subsequent_indent="  "
+        )
+        + "\n"
         f"  {CONFIG_ENV} (the config file)   {JWT_SECRET_ENV} (the embedded default's secret)\n"
         "An annotated config file: deploy/gateway.example.toml in the repository.\n"
         "Exit status: 0 once stopped, 2 for a bad configuration, 1 if it cannot listen.",
@@ -449,6 +473,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", metavar="H", help="listen on this address (overrides all)")
     serve.add_argument(
         "--port", metavar="P", type=_port, help="listen on this port, 0 = any (overrides all)"
+    )
+    serve.add_argument(
+        "--workers",
+        metavar="N",
+        type=_positive_int,
+        default=1,
+        help="run N processes sharing the port, one gateway through Redis (WebSocket only)",
     )
     serve.set_defaults(run=_serve)
 
@@ -548,6 +579,16 @@ def _secret_option(parser: argparse.ArgumentParser, prefix: str = "") -> None:
         "--secret",
         help=f"{prefix}the HS256 secret (default: ${JWT_SECRET_ENV}, else the development secret)",
     )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
+    return value
 
 
 def _port(text: str) -> int:

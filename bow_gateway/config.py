@@ -71,6 +71,21 @@ class _OutboundSchema(Schema):
         required=True, validate=validate.Range(min=0, min_inclusive=False, error="must be positive")
     )
     max_queued_frames = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
+    transports = fields.List(
+        fields.String(validate=validate.OneOf(["polling", "websocket"])),
+        load_default=lambda: ["polling", "websocket"],
+        validate=validate.Length(min=1, error="must name at least one transport"),
+    )
+
+
+class _BackplaneSchema(Schema):
+    max_pending = fields.Integer(load_default=10_000, validate=validate.Range(min=1))
+    max_len = fields.Integer(load_default=100_000, validate=validate.Range(min=1))
+    connect_retries = fields.Integer(load_default=5, validate=validate.Range(min=0))
+    publish_timeout = fields.Float(
+        load_default=2.0,
+        validate=validate.Range(min=0, min_inclusive=False, error="must be positive"),
+    )
 
 
 class _ConfigSchema(Schema):
@@ -79,6 +94,8 @@ class _ConfigSchema(Schema):
     https = _HttpsField(load_default=None, allow_none=True)
     redis = _RedisField(load_default=None, allow_none=True)
     namespace = fields.String(load_default="bow", validate=NON_EMPTY)
+    reuse_port = fields.Boolean(load_default=False)
+    backplane = fields.Nested(_BackplaneSchema, load_default=dict)
     middleware = fields.Nested(_MiddlewareSchema, load_default=dict)
     inbound = fields.Nested(_InboundSchema, required=True)
     outbound = fields.Nested(_OutboundSchema, required=True)
@@ -93,6 +110,8 @@ class Config:
     https: ssl.SSLContext | dict[str, Any] | None
     redis: Any
     namespace: str
+    reuse_port: bool
+    backplane: dict[str, Any]
     log_interval: float | None
     realm: str
     username: str
@@ -101,6 +120,7 @@ class Config:
     inbound_timeout: float
     auth_timeout: float
     max_queued_frames: int
+    transports: list[str]
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.https is None or isinstance(self.https, ssl.SSLContext):
@@ -130,6 +150,8 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         https=data["https"],
         redis=data["redis"],
         namespace=data["namespace"],
+        reuse_port=data["reuse_port"],
+        backplane=data["backplane"],
         log_interval=log_interval if log_interval and log_interval > 0 else None,
         realm=data["inbound"]["realm"],
         username=data["inbound"]["username"],
@@ -138,4 +160,5 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         inbound_timeout=data["inbound"]["timeout"],
         auth_timeout=data["outbound"]["timeout"],
         max_queued_frames=data["outbound"]["max_queued_frames"],
+        transports=data["outbound"]["transports"],
     )

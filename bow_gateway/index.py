@@ -96,7 +96,9 @@ class CriteriaIndex(Generic[S]):
         for query in audience:
             if ID_KEY in query:
                 listener_id = query[ID_KEY]
-                listener = None if isinstance(listener_id, bool) else self._listeners.get(listener_id)
+                listener = (
+                    None if isinstance(listener_id, bool) else self._listeners.get(listener_id)
+                )
                 if listener is not None and all(
                     (key, typed_key(value)) in listener.entries
                     for key, value in query.items()

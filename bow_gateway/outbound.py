@@ -105,6 +105,7 @@ class SocketOutbound:
         publish: Callable[[Event], Awaitable[None]],
         auth_timeout: float = 5.0,
         max_queued_frames: int = 1_000,
+        transports: list[str] | None = None,
     ) -> None:
         self._outbounds = outbounds
         self._middlewares = middlewares
@@ -119,6 +120,7 @@ class SocketOutbound:
             async_mode="aiohttp",
             namespaces="*",
             cors_allowed_origins="*",
+            transports=transports or ["polling", "websocket"],
             logger=False,
             engineio_logger=False,
         )

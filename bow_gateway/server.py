@@ -111,7 +111,9 @@ class Bow:
             raise RuntimeError("this Bow is already started")
         self._check_versions()
         config = self.config
-        backplane = backplane_from_config(config.redis, namespace=config.namespace)
+        backplane = backplane_from_config(
+            config.redis, namespace=config.namespace, **config.backplane
+        )
         await backplane.connect()
         self._backplane = backplane
 
@@ -128,6 +130,7 @@ class Bow:
             publish=publish,
             auth_timeout=config.auth_timeout,
             max_queued_frames=config.max_queued_frames,
+            transports=config.transports,
         )
         app = web.Application(
             client_max_size=config.max_body_size,
@@ -156,7 +159,13 @@ class Bow:
             self._reporter = asyncio.create_task(self._log_listeners(config.log_interval))
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
         await runner.setup()
-        site = web.TCPSite(runner, config.host, config.port, ssl_context=config.ssl_context())
+        site = web.TCPSite(
+            runner,
+            config.host,
+            config.port,
+            ssl_context=config.ssl_context(),
+            reuse_port=config.reuse_port or None,
+        )
         try:
             await site.start()
         except BaseException:

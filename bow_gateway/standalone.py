@@ -291,7 +291,8 @@ def _apply_environment(config: dict[str, Any], environ: Mapping[str, str]) -> di
             section = target.get(key)
             target[key] = section = dict(section) if isinstance(section, Mapping) else {}
             target = section
-        target[keys[-1]] = value
+        # A list setting (outbound.transports) is written comma-separated: "websocket,polling".
+        target[keys[-1]] = value.split(",") if keys[-1] == "transports" else value
         applied[".".join(keys)] = variable
     return applied
 
