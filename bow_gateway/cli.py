@@ -20,6 +20,7 @@ import socketio
 
 from . import __version__
 from .backplane import BackplaneUnavailable
+from .logs import configure_logging
 from .server import Bow
 from .standalone import (
     CONFIG_ENV,
@@ -80,11 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
+    configure_logging()
     try:
         settings = load_settings(args.config).with_address(host=args.host, port=args.port)
         if args.workers > 1:
@@ -103,11 +100,7 @@ def _worker(
     number: int, config: str | None, host: str | None, port: int | None, count: int
 ) -> None:
     """One of ``serve --workers`` processes: the same gateway, WebSocket only, the shared port."""
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s %(levelname)-7s worker {number}: %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
+    configure_logging(worker=number)
     settings = worker_settings(load_settings(config).with_address(host=host, port=port))
     status = asyncio.run(_run_server(build_bow(settings), settings, quiet=number > 0))
     if number == 0 and status == 0:

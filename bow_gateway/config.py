@@ -78,6 +78,13 @@ class _OutboundSchema(Schema):
     )
 
 
+class _MetricsSchema(Schema):
+    port = fields.Integer(
+        load_default=None, allow_none=True, validate=validate.Range(min=0, max=65535)
+    )
+    auth = fields.Boolean(load_default=False)
+
+
 class _BackplaneSchema(Schema):
     max_pending = fields.Integer(load_default=10_000, validate=validate.Range(min=1))
     max_len = fields.Integer(load_default=100_000, validate=validate.Range(min=1))
@@ -95,7 +102,12 @@ class _ConfigSchema(Schema):
     redis = _RedisField(load_default=None, allow_none=True)
     namespace = fields.String(load_default="bow", validate=NON_EMPTY)
     reuse_port = fields.Boolean(load_default=False)
+    drain_timeout = fields.Float(
+        load_default=10.0,
+        validate=validate.Range(min=0, min_inclusive=False, error="must be positive"),
+    )
     backplane = fields.Nested(_BackplaneSchema, load_default=dict)
+    metrics = fields.Nested(_MetricsSchema, load_default=dict)
     middleware = fields.Nested(_MiddlewareSchema, load_default=dict)
     inbound = fields.Nested(_InboundSchema, required=True)
     outbound = fields.Nested(_OutboundSchema, required=True)
@@ -111,7 +123,10 @@ class Config:
     redis: Any
     namespace: str
     reuse_port: bool
+    drain_timeout: float
     backplane: dict[str, Any]
+    metrics_port: int | None
+    metrics_auth: bool
     log_interval: float | None
     realm: str
     username: str
@@ -151,7 +166,10 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         redis=data["redis"],
         namespace=data["namespace"],
         reuse_port=data["reuse_port"],
+        drain_timeout=data["drain_timeout"],
         backplane=data["backplane"],
+        metrics_port=data["metrics"].get("port"),
+        metrics_auth=data["metrics"].get("auth", False),
         log_interval=log_interval if log_interval and log_interval > 0 else None,
         realm=data["inbound"]["realm"],
         username=data["inbound"]["username"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from aiohttp.typedefs import Middleware
 
 from .backplane import BackplaneUnavailable
 from .message import Event, MessageEvent, parse_json, validate_message
+from .metrics import Metrics
 from .userfn import call_user_function, describe
 
 logger = logging.getLogger("bow_gateway.inbound")
@@ -75,12 +77,25 @@ def basic_auth(
 def message_handler(
     inbound: InboundSpec,
     publish: Callable[[Event], Awaitable[None]],
+    metrics: Metrics,
     *,
     timeout: float = 5.0,
 ) -> Handler:
     """The aiohttp handler of one inbound path."""
     create_message = inbound.create_message_from_request_body
     middleware_version = inbound.middleware_version
+    accepted = metrics.messages_accepted.labels(inbound.path)
+
+    async def counted(request: web.Request) -> web.StreamResponse:
+        try:
+            response = await handle(request)
+        except web.HTTPException as error:
+            metrics.messages_refused.labels(inbound.path, str(error.status)).inc()
+            level = logging.WARNING if error.status >= 500 else logging.INFO
+            logger.log(level, "refused %s %s: %s", request.method, request.path, error.text)
+            raise
+        accepted.inc()
+        return response
 
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await request.read()  # aiohttp answers 413 past client_max_size
@@ -102,14 +117,13 @@ def message_handler(
         except ValueError as error:
             raise _unprocessable(f"invalid message: {error}") from None
         try:
-            await publish(MessageEvent(middleware_version, message))
+            await publish(MessageEvent(middleware_version, message, time.time()))
         except BackplaneUnavailable as error:
-            logger.warning("refused a message on %s: %s", request.path, error)
             reason = f"the gateway cannot take messages now: {error}"
             raise _unavailable(reason, error.retry_after) from None
         return web.Response(status=204)
 
-    return handle
+    return counted
 
 
 def _unprocessable(reason: str) -> web.HTTPException:

@@ -89,6 +89,7 @@ class MessageEvent:
 
     middleware_version: str
     message: Message
+    accepted_at: float = 0.0  # time.time() when the inbound accepted it, for latency metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +111,7 @@ def encode_event(event: Event) -> bytes:
             "m": event.middleware_version,
             "n": message.name,
             "a": message.audience,
+            "t": event.accepted_at,
         }
         if message.has_payload:
             document["p"] = message.payload
@@ -122,5 +124,5 @@ def decode_event(data: bytes) -> Event:
     document = json.loads(data)
     if "m" in document:
         message = Message(document["n"], document["a"], document.get("p"), "p" in document)
-        return MessageEvent(document["m"], message)
+        return MessageEvent(document["m"], message, document.get("t", 0.0))
     return CriteriaEvent(document["c"], document["i"], document["k"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -22,6 +23,7 @@ from socketio import packet as sio_packet
 from .criteria import ListenerId, validate_criteria, validate_listener_details
 from .index import CriteriaIndex
 from .message import DISCONNECT, CriteriaEvent, Event, MessageEvent
+from .metrics import Metrics
 from .userfn import call_user_function, describe
 
 logger = logging.getLogger("bow_gateway.outbound")
@@ -46,7 +48,7 @@ class OutboundSpec:
 class Connection:
     """One Socket.IO connection, from connect to disconnect."""
 
-    __slots__ = ("authenticating", "eio_sid", "listener_id", "outbound", "refused", "sid", "timer")
+    __slots__ = ("authenticating", "closing", "eio_sid", "listener_id", "outbound", "sid", "timer")
 
     def __init__(self, sid: str, eio_sid: str, outbound: OutboundSpec) -> None:
         self.sid = sid
@@ -54,7 +56,7 @@ class Connection:
         self.outbound = outbound
         self.listener_id: ListenerId | None = None
         self.authenticating = False
-        self.refused = False  # an alert is on its way: one per socket, then the disconnect
+        self.closing: str | None = None  # why the gateway is closing it (refused, slow, ...)
         self.timer: asyncio.TimerHandle | None = None
 
 
@@ -106,6 +108,7 @@ class SocketOutbound:
         auth_timeout: float = 5.0,
         max_queued_frames: int = 1_000,
         transports: list[str] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._outbounds = outbounds
         self._middlewares = middlewares
@@ -113,6 +116,7 @@ class SocketOutbound:
         self._publish = publish
         self._auth_timeout = auth_timeout
         self._max_queued_frames = max_queued_frames
+        self.metrics = metrics or Metrics()
         self.connections: dict[str, Connection] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.sio = _Server(
@@ -154,6 +158,13 @@ class SocketOutbound:
             self._auth_timeout, self._expire, connection
         )
         self.connections[sid] = connection
+        self.metrics.sockets_connected.labels(outbound.version).inc()
+        logger.info(
+            "socket %s connected to outbound v%s from %s",
+            sid,
+            outbound.version,
+            environ.get("REMOTE_ADDR", "?"),
+        )
 
     async def _refuse_namespace(self, namespace: str, sid: str, *args: Any) -> None:
         raise socketio.exceptions.ConnectionRefusedError(
@@ -166,22 +177,29 @@ class SocketOutbound:
             return
         if connection.timer is not None:
             connection.timer.cancel()
+        version = connection.outbound.version
+        self.metrics.sockets_connected.labels(version).dec()
         if connection.listener_id is not None:
+            self.metrics.sockets_authenticated.labels(version).dec()
             index = self._indices[connection.outbound.middleware_version]
             index.remove(connection, connection.listener_id)
+        why = connection.closing or str(reason or "transport close")
+        self.metrics.disconnects.labels(why).inc()
+        logger.info("socket %s disconnected: %s", sid, why)
 
     def _expire(self, connection: Connection) -> None:
         connection.timer = None
         if connection.listener_id is None and connection.sid in self.connections:
             reason = f"not authenticated within {self._auth_timeout:g} s of connecting"
-            self.spawn(self.refuse(connection.sid, reason))
+            self.metrics.authentications.labels(connection.outbound.version, "timeout").inc()
+            self.spawn(self.refuse(connection.sid, reason, "timeout"))
 
-    async def refuse(self, sid: str, reason: str) -> None:
-        """Tell one socket why with an ``alert``, then disconnect it."""
+    async def refuse(self, sid: str, reason: str, kind: str = "refused") -> None:
+        """Tell one socket why with an ``alert``, then disconnect it (``kind`` is for metrics)."""
         connection = self.connections.get(sid)
-        if connection is None or connection.refused:
+        if connection is None or connection.closing is not None:
             return
-        connection.refused = True
+        connection.closing = kind
         logger.info("refusing socket %s: %s", sid, reason)
         await self.sio.emit("alert", reason, to=sid)
         await self.sio.disconnect(sid)
@@ -190,11 +208,11 @@ class SocketOutbound:
     async def refuse_eio(self, eio_sid: str, reason: str) -> None:
         sid = self.sio.manager.sid_from_eio_sid(eio_sid, "/")
         if sid is not None and sid in self.connections:
-            await self.refuse(sid, reason)
+            await self.refuse(sid, reason, "malformed")
         else:
             await self._close_transport(eio_sid)
 
-    async def _close_transport(self, eio_sid: str) -> None:
+    async def _close_transport(self, eio_sid: str, *, abort: bool = False) -> None:
         """Close one Engine.IO connection without waiting on its client.
 
         python-engineio's ``disconnect`` waits until the client has fetched the CLOSE packet,
@@ -206,9 +224,11 @@ class SocketOutbound:
         socket = self.sio.eio.sockets.pop(eio_sid, None)
         if socket is None:
             return
-        await socket.close(wait=False, reason=self.sio.eio.reason.SERVER_DISCONNECT)
-        if socket.upgraded:
-            await socket.queue.put(None)  # ends its writer, which then closes the websocket
+        # abort: no Engine.IO CLOSE packet, so that the client takes it for a lost connection
+        # and reconnects, as it should when this instance goes away.
+        await socket.close(wait=False, abort=abort, reason=self.sio.eio.reason.SERVER_DISCONNECT)
+        if socket.upgraded or abort:
+            await socket.queue.put(None)  # ends its writer (closing the websocket), or a poll
 
     # -- authentication ---------------------------------------------------------------------
 
@@ -217,28 +237,31 @@ class SocketOutbound:
         connection = self.connections.get(sid)
         if connection is None or connection.authenticating or connection.listener_id is not None:
             return  # gone, busy, or already authenticated: ignored, as the contract says
-        if ack_id is None:
-            await self.refuse(sid, "authenticate needs an acknowledgement callback")
-            return
-        if not args or args[0] is None or args[0] == "":
-            await self.refuse(sid, "authenticate needs a token")
+        if ack_id is None or not args or args[0] is None or args[0] == "":
+            self.metrics.authentications.labels(connection.outbound.version, "refused").inc()
+            what = "an acknowledgement callback" if ack_id is None else "a token"
+            await self.refuse(sid, f"authenticate needs {what}")
             return
         connection.authenticating = True
         outbound = connection.outbound
         try:
             listener_id, criteria = await self._criteria_for(outbound, args[0])
         except _Refusal as refusal:
+            self.metrics.authentications.labels(outbound.version, "refused").inc()
             await self.refuse(sid, str(refusal))
             return
         finally:
             connection.authenticating = False
-        if self.connections.get(sid) is not connection or connection.refused:
+        if self.connections.get(sid) is not connection or connection.closing is not None:
             return  # disconnected (or timed out) while the user's functions ran
         if connection.timer is not None:
             connection.timer.cancel()
             connection.timer = None
         connection.listener_id = listener_id
         self._indices[outbound.middleware_version].add(connection, listener_id, criteria)
+        self.metrics.authentications.labels(outbound.version, "accepted").inc()
+        self.metrics.sockets_authenticated.labels(outbound.version).inc()
+        logger.info("socket %s authenticated as listener %r", sid, listener_id)
         await self.sio.send_ack(eio_sid, ack_id)
         try:
             await self._publish(CriteriaEvent(outbound.middleware_version, listener_id, criteria))
@@ -285,12 +308,15 @@ class SocketOutbound:
         index = self._indices.get(event.middleware_version)
         if index is None:
             return
+        started = time.perf_counter()
         connections = index.resolve(event.message.audience)
+        self.metrics.resolution_seconds.observe(time.perf_counter() - started)
         if not connections:
             return
         message = event.message
         if message.name == DISCONNECT:
             for connection in connections:
+                connection.closing = "disconnect message"
                 await self.sio.disconnect(connection.sid)
                 await self._close_transport(connection.eio_sid)
             return
@@ -300,29 +326,34 @@ class SocketOutbound:
             self.sio.packet_class(sio_packet.EVENT, namespace="/", data=data).encode(),
         )
         sockets = self.sio.eio.sockets
-        for written, connection in enumerate(connections, 1):
+        written = 0
+        for connection in connections:
             socket = sockets.get(connection.eio_sid)
             if socket is None or socket.closed:
                 continue
             if socket.queue.qsize() >= self._max_queued_frames:
                 reason = f"too slow: {self._max_queued_frames} messages waiting to be sent"
-                self.spawn(self.refuse(connection.sid, reason))
+                self.spawn(self.refuse(connection.sid, reason, "slow"))
                 continue
             await socket.send(frame)
+            written += 1
             if written % YIELD_EVERY == 0:
                 await asyncio.sleep(0)
+        self.metrics.deliveries.inc(written)
 
     async def close(self) -> None:
-        """Disconnect every socket cleanly."""
+        """Close every connection, so that clients reconnect (to another instance).
+
+        Only the transport is closed: a Socket.IO disconnect would tell clients not to come back.
+        """
         for task in list(self._tasks):
             task.cancel()
         for connection in list(self.connections.values()):
+            connection.closing = "shutdown"
             if connection.timer is not None:
                 connection.timer.cancel()
-        for sid in list(self.connections):
-            await self.sio.disconnect(sid)
         for eio_sid in list(self.sio.eio.sockets):
-            await self._close_transport(eio_sid)
+            await self._close_transport(eio_sid, abort=True)
 
     def listener_count(self) -> int:
         return sum(len(index) for index in self._indices.values())

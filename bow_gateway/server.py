@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from aiohttp import web
@@ -14,13 +15,15 @@ from .backplane import Backplane, backplane_from_config
 from .config import Config, load_config
 from .inbound import InboundSpec, basic_auth, health_handler, message_handler
 from .index import CriteriaIndex
-from .message import Event, decode_event, encode_event
-from .outbound import Connection, OutboundSpec, SocketOutbound, normalise_version
+from .message import Event, MessageEvent, decode_event, encode_event
+from .metrics import Metrics
+from .outbound import OutboundSpec, SocketOutbound, normalise_version
 
 logger = logging.getLogger("bow_gateway")
 
 HEALTH_PATH: Final = "/health"
 SOCKETIO_PATH: Final = "/socket.io/"
+METRICS_PATH: Final = "/metrics"
 
 
 class Bow:
@@ -39,7 +42,10 @@ class Bow:
         self._health_check: Callable[[web.Request], Any] | None = None
         self._backplane: Backplane | None = None
         self._outbound: SocketOutbound | None = None
-        self._runner: web.AppRunner | None = None
+        self._runners: list[web.AppRunner] = []
+        self._stopping = False
+        self.metrics = Metrics()
+        self.metrics_port: int | None = None
         self._consumer: asyncio.Task[None] | None = None
         self._reporter: asyncio.Task[None] | None = None
 
@@ -107,7 +113,7 @@ class Bow:
 
     async def start(self) -> None:
         """Connect the backplane and serve; returns once connections are accepted."""
-        if self._runner is not None:
+        if self._runners:
             raise RuntimeError("this Bow is already started")
         self._check_versions()
         config = self.config
@@ -120,18 +126,37 @@ class Bow:
         async def publish(event: Event) -> None:
             await backplane.publish(encode_event(event))
 
-        indices: dict[str, CriteriaIndex[Connection]] = {
-            v: CriteriaIndex() for v in self._middlewares
-        }
         self._outbound = outbound = SocketOutbound(
             outbounds=self._outbounds,
             middlewares=self._middlewares,
-            indices=indices,
+            indices={version: CriteriaIndex() for version in self._middlewares},
             publish=publish,
             auth_timeout=config.auth_timeout,
             max_queued_frames=config.max_queued_frames,
             transports=config.transports,
+            metrics=self.metrics,
         )
+        self._consumer = asyncio.create_task(self._consume(backplane, outbound))
+        if config.log_interval:
+            self._reporter = asyncio.create_task(self._log_listeners(config.log_interval))
+        try:
+            self.port = await self._serve(self._app(publish, backplane), config.port)
+            if config.metrics_port is not None:
+                metrics_app = web.Application()
+                metrics_app.router.add_get(METRICS_PATH, self.metrics.handle)
+                self.metrics_port = await self._serve(metrics_app, config.metrics_port)
+        except BaseException:
+            await self.stop()
+            raise
+        logger.info("serving on %s:%d", config.host, self.port)
+
+    def _app(
+        self, publish: Callable[[Event], Awaitable[None]], backplane: Backplane
+    ) -> web.Application:
+        config = self.config
+        open_paths = {HEALTH_PATH}
+        if config.metrics_port is None and not config.metrics_auth:
+            open_paths.add(METRICS_PATH)
         app = web.Application(
             client_max_size=config.max_body_size,
             middlewares=[
@@ -139,55 +164,72 @@ class Bow:
                     realm=config.realm,
                     username=config.username,
                     password=config.password,
-                    is_open=lambda path: path == HEALTH_PATH or path.startswith(SOCKETIO_PATH),
+                    is_open=lambda path: path in open_paths or path.startswith(SOCKETIO_PATH),
                 )
             ],
         )
         for spec in self._inbounds.values():
-            app.router.add_post(
-                spec.path, message_handler(spec, publish, timeout=config.inbound_timeout)
-            )
+            handler = message_handler(spec, publish, self.metrics, timeout=config.inbound_timeout)
+            app.router.add_post(spec.path, handler)
         app.router.add_get(
             HEALTH_PATH,
             health_handler(
-                lambda: backplane.ready, self._health_check, timeout=config.inbound_timeout
+                lambda: backplane.ready and not self._stopping,
+                self._health_check,
+                timeout=config.inbound_timeout,
             ),
         )
-        outbound.sio.attach(app, socketio_path=SOCKETIO_PATH.strip("/"))
-        self._consumer = asyncio.create_task(self._consume(backplane, outbound))
-        if config.log_interval:
-            self._reporter = asyncio.create_task(self._log_listeners(config.log_interval))
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5)
+        if config.metrics_port is None:
+            app.router.add_get(METRICS_PATH, self.metrics.handle)
+        assert self._outbound is not None
+        self._outbound.sio.attach(app, socketio_path=SOCKETIO_PATH.strip("/"))
+        return app
+
+    async def _serve(self, app: web.Application, port: int) -> int:
+        """Serve ``app`` on ``port`` (0: any free port); returns the port bound."""
+        config = self.config
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1)
         await runner.setup()
+        self._runners.append(runner)
         site = web.TCPSite(
             runner,
             config.host,
-            config.port,
+            port,
             ssl_context=config.ssl_context(),
             reuse_port=config.reuse_port or None,
         )
-        try:
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            await self._stop_backplane()
-            raise
-        self._runner = runner
-        self.port = runner.addresses[0][1]
-        logger.info("serving on %s:%d", config.host, self.port)
+        await site.start()
+        bound: int = runner.addresses[0][1]
+        return bound
 
     async def stop(self) -> None:
-        """Stop gracefully: refuse new messages, deliver those accepted, close every socket."""
-        await self._stop_backplane()
+        """Stop gracefully within ``drain_timeout``: refuse new messages and connections,
+        deliver what was accepted, then close every socket so that its client reconnects
+        elsewhere."""
+        self._stopping = True
+        for runner in self._runners:
+            for site in list(runner.sites):
+                await site.stop()  # no new connection; those open stay until closed below
+        try:
+            async with asyncio.timeout(self.config.drain_timeout):
+                await self._stop_backplane()
+        except TimeoutError:
+            logger.warning(
+                "draining took over %g s: undelivered events dropped", self.config.drain_timeout
+            )
+            if self._consumer is not None:
+                self._consumer.cancel()
+                self._consumer = None
         if self._outbound is not None:
             await self._outbound.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        runners, self._runners = self._runners, []
+        for runner in runners:
+            await runner.cleanup()
         for function in {*self._middlewares.values(), *self._inbound_functions()}:
             close = getattr(function, "aclose", None)
             if close is not None and inspect.iscoroutinefunction(close):
                 await close()
+        self._stopping = False
 
     async def _stop_backplane(self) -> None:
         backplane, self._backplane = self._backplane, None
@@ -208,9 +250,15 @@ class Bow:
         ]
 
     async def _consume(self, backplane: Backplane, outbound: SocketOutbound) -> None:
+        metrics = self.metrics
         async for data in backplane.events():
             try:
-                await outbound.deliver(decode_event(data))
+                event = decode_event(data)
+                if isinstance(event, MessageEvent) and event.accepted_at:
+                    metrics.backplane_lag_seconds.set(max(0.0, time.time() - event.accepted_at))
+                await outbound.deliver(event)
+                if isinstance(event, MessageEvent) and event.accepted_at:
+                    metrics.latency_seconds.observe(max(0.0, time.time() - event.accepted_at))
             except Exception:  # one bad event must not stop delivery of the next ones
                 logger.exception("could not deliver an event")
 

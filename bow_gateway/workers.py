@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Callable
 from multiprocessing.connection import wait
 from types import FrameType
 from typing import Any
 
+from prometheus_client import multiprocess
+
+from .metrics import MULTIPROCESS_ENV
 from .standalone import Settings
 
 STOP_GRACE = 15.0  # seconds a worker has to stop after SIGTERM before it is killed
@@ -53,6 +59,12 @@ def run_workers(count: int, target: Callable[..., Any], *args: Any) -> int:
     context = multiprocessing.get_context("spawn")
     processes = [context.Process(target=target, args=(number, *args)) for number in range(count)]
     stopping = False
+    # prometheus-client's multiprocess mode: every worker writes its figures to files there,
+    # and whichever worker answers GET /metrics adds them all up.
+    metrics_dir = os.environ.get(MULTIPROCESS_ENV)
+    own_metrics_dir = metrics_dir is None
+    if metrics_dir is None:
+        metrics_dir = os.environ[MULTIPROCESS_ENV] = tempfile.mkdtemp(prefix="bow-metrics-")
 
     def stop(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
@@ -71,6 +83,7 @@ def run_workers(count: int, target: Callable[..., Any], *args: Any) -> int:
             for sentinel in wait(list(alive)):
                 process = alive.pop(sentinel)
                 process.join()
+                multiprocess.mark_process_dead(process.pid, metrics_dir)  # type: ignore[no-untyped-call]
                 if process.exitcode and not stopping:
                     status = status or process.exitcode
                     stop(signal.SIGTERM, None)
@@ -82,3 +95,6 @@ def run_workers(count: int, target: Callable[..., Any], *args: Any) -> int:
                 process.kill()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if own_metrics_dir:
+            del os.environ[MULTIPROCESS_ENV]
+            shutil.rmtree(metrics_dir, ignore_errors=True)

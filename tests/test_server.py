@@ -186,3 +186,50 @@ async def test_log_interval_logs_the_number_of_listeners(
     await start_bow(standard_bow(base_config(middleware={"log_interval": 0.05})))
     await asyncio.sleep(0.2)
     assert any("0 listeners connected" in record.getMessage() for record in caplog.records)
+
+
+async def test_stop_closes_transports_so_that_clients_reconnect_elsewhere(
+    start_bow: StartBow,
+) -> None:
+    """A rolling deploy: the client of a stopped instance comes back by itself to the next one."""
+    import asyncio
+
+    import socketio
+
+    from .support import token
+
+    first = standard_bow()
+    await first.start()
+    port = first.port
+    client = socketio.AsyncClient(reconnection_delay=0.1, reconnection_delay_max=0.2)
+    reconnected = asyncio.Event()
+    connects = 0
+
+    async def on_connect() -> None:
+        nonlocal connects
+        connects += 1
+        if connects == 2:
+            reconnected.set()
+
+    client.on("connect", on_connect)
+    await client.connect(f"http://127.0.0.1:{port}?v=1.3", transports=["websocket"])
+    try:
+        await client.call("authenticate", token("USER/1"), timeout=5)
+        await first.stop()
+        await start_bow(standard_bow(base_config(port=port)))  # the next instance
+        await asyncio.wait_for(reconnected.wait(), 10)
+        await asyncio.sleep(0.1)  # python-socketio marks itself connected after the handler
+        await client.call("authenticate", token("USER/1"), timeout=5)  # served by the new one
+    finally:
+        await client.disconnect()
+
+
+async def test_health_is_503_while_stopping(start_bow: StartBow) -> None:
+    bow = await start_bow(standard_bow())
+    bow._stopping = True  # what stop() sets first, so that load balancers look elsewhere
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{bow.port}/health") as response:
+            assert response.status == 503
+    bow._stopping = False

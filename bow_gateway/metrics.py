@@ -1,0 +1,111 @@
+"""Prometheus metrics of one instance, with prometheus-client, served at ``GET /metrics``.
+
+Each ``Bow`` has a registry of its own, so that several gateways in one process never mix their
+figures. Under ``serve --workers N`` (``PROMETHEUS_MULTIPROC_DIR`` set), prometheus-client's
+multiprocess mode adds the workers' figures up, whichever worker answers the scrape.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+MULTIPROCESS_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
+
+# From 50 µs (a small audience) to 10 s (a stalled Redis).
+_LATENCY_BUCKETS: Final = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+    0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+
+class Metrics:
+    """Every metric the gateway exports; the engine only counts, it never reads them back."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+        self.sockets_connected = Gauge(
+            "bow_sockets_connected",
+            "Socket.IO connections open, by outbound version.",
+            ["outbound"],
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.sockets_authenticated = Gauge(
+            "bow_sockets_authenticated",
+            "Authenticated sockets, by outbound version.",
+            ["outbound"],
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.authentications = Counter(
+            "bow_authentications",
+            "Authentication attempts, by outbound version and outcome.",
+            ["outbound", "outcome"],
+            registry=registry,
+        )
+        self.disconnects = Counter(
+            "bow_disconnects",
+            "Sockets disconnected, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.messages_accepted = Counter(
+            "bow_messages_accepted",
+            "Messages answered 204, by inbound path.",
+            ["inbound"],
+            registry=registry,
+        )
+        self.messages_refused = Counter(
+            "bow_messages_refused",
+            "Messages refused, by inbound path and HTTP status.",
+            ["inbound", "status"],
+            registry=registry,
+        )
+        self.deliveries = Counter(
+            "bow_deliveries",
+            "Events written to sockets.",
+            registry=registry,
+        )
+        self.resolution_seconds = Histogram(
+            "bow_audience_resolution_seconds",
+            "Time to resolve one message's audience against the criteria index.",
+            registry=registry,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.latency_seconds = Histogram(
+            "bow_delivery_latency_seconds",
+            "From a message's acceptance by an inbound to its frames queued on every socket.",
+            registry=registry,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.backplane_lag_seconds = Gauge(
+            "bow_backplane_lag_seconds",
+            "Age of the last event read from the backplane when it was read.",
+            registry=registry,
+            multiprocess_mode="max",
+        )
+
+    def exposition(self) -> bytes:
+        """The text format of every metric (of every worker, in multiprocess mode)."""
+        if os.environ.get(MULTIPROCESS_ENV):
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+            return generate_latest(registry)
+        return generate_latest(self.registry)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        """``GET /metrics``."""
+        return web.Response(body=self.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
