@@ -1,0 +1,58 @@
+#!/bin/sh
+# Install the Debian packages the test suite needs, when they are missing; otherwise do nothing.
+#
+#   redis-server  the Redis tests start their own redis-server processes (tests/redis_server.py)
+#   nginx         tests/test_deploy.py runs deploy/nginx/bow-gateway.conf in front of two gateways
+#
+# Idempotent: a package already installed is left alone, and `apt-get update` runs only when
+# something must be installed. Root is needed only then: a non-root user with something missing
+# gets exit status 1 and the list of what to install. Usage:
+#
+#   sh tests/install-system-packages.sh && python3 -m venv .venv && ...
+set -eu
+
+PACKAGES="redis-server nginx"
+
+installed() {
+    # dpkg-query prints "install ok installed" for a package that is fully installed.
+    [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]
+}
+
+if ! command -v dpkg-query >/dev/null 2>&1; then
+    echo "install-system-packages.sh: not a Debian system (no dpkg-query); install these" \
+        "yourself: $PACKAGES" >&2
+    exit 1
+fi
+
+missing=""
+for package in $PACKAGES; do
+    installed "$package" || missing="$missing $package"
+done
+missing="${missing# }"
+
+if [ -z "$missing" ]; then
+    echo "install-system-packages.sh: already installed: $PACKAGES"
+    exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install-system-packages.sh: missing Debian packages: $missing" >&2
+    echo "install-system-packages.sh: run this script as root, or: sudo apt-get install $missing" >&2
+    exit 1
+fi
+
+echo "install-system-packages.sh: installing: $missing"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update
+# shellcheck disable=SC2086 # one word per package
+apt-get install -y --no-install-recommends $missing
+
+# Debian's nginx package starts a system nginx on port 80 (and redis-server one on 6379) where
+# there is an init system; the tests never use them: they start their own on free ports.
+for package in $missing; do
+    if ! installed "$package"; then
+        echo "install-system-packages.sh: $package did not install" >&2
+        exit 1
+    fi
+done
+echo "install-system-packages.sh: installed: $missing"
