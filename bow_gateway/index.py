@@ -53,6 +53,10 @@ class CriteriaIndex(Generic[S]):
     def listener_ids(self) -> list[ListenerId]:
         return list(self._listeners)
 
+    def sockets_of(self, listener_id: ListenerId) -> set[S]:
+        listener = self._listeners.get(listener_id)
+        return set() if listener is None else listener.sockets
+
     def add(self, socket: S, listener_id: ListenerId, criteria: Criteria) -> None:
         """Hold ``socket`` for ``listener_id``, whose criteria become ``criteria``."""
         listener = self._listeners.get(listener_id)

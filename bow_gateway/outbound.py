@@ -20,7 +20,7 @@ import socketio
 from engineio import packet as eio_packet
 from socketio import packet as sio_packet
 
-from .criteria import ListenerId, validate_criteria, validate_listener_details
+from .criteria import ID_KEY, Criteria, ListenerId, validate_criteria, validate_listener_details
 from .index import CriteriaIndex
 from .message import DISCONNECT, CriteriaEvent, Event, MessageEvent
 from .metrics import Metrics
@@ -48,13 +48,23 @@ class OutboundSpec:
 class Connection:
     """One Socket.IO connection, from connect to disconnect."""
 
-    __slots__ = ("authenticating", "closing", "eio_sid", "listener_id", "outbound", "sid", "timer")
+    __slots__ = (
+        "authenticating",
+        "closing",
+        "details",
+        "eio_sid",
+        "listener_id",
+        "outbound",
+        "sid",
+        "timer",
+    )
 
     def __init__(self, sid: str, eio_sid: str, outbound: OutboundSpec) -> None:
         self.sid = sid
         self.eio_sid = eio_sid
         self.outbound = outbound
         self.listener_id: ListenerId | None = None
+        self.details: Mapping[str, Any] | None = None  # kept to recompute the criteria
         self.authenticating = False
         self.closing: str | None = None  # why the gateway is closing it (refused, slow, ...)
         self.timer: asyncio.TimerHandle | None = None
@@ -245,7 +255,7 @@ class SocketOutbound:
         connection.authenticating = True
         outbound = connection.outbound
         try:
-            listener_id, criteria = await self._criteria_for(outbound, args[0])
+            details, criteria = await self._criteria_for(outbound, args[0])
         except _Refusal as refusal:
             self.metrics.authentications.labels(outbound.version, "refused").inc()
             await self.refuse(sid, str(refusal))
@@ -257,7 +267,9 @@ class SocketOutbound:
         if connection.timer is not None:
             connection.timer.cancel()
             connection.timer = None
+        listener_id = details["id"]
         connection.listener_id = listener_id
+        connection.details = details
         self._indices[outbound.middleware_version].add(connection, listener_id, criteria)
         self.metrics.authentications.labels(outbound.version, "accepted").inc()
         self.metrics.sockets_authenticated.labels(outbound.version).inc()
@@ -268,7 +280,9 @@ class SocketOutbound:
         except Exception as error:  # noqa: BLE001 - the socket is served here all the same
             logger.warning("could not share the criteria of listener %r: %s", listener_id, error)
 
-    async def _criteria_for(self, outbound: OutboundSpec, token: Any) -> tuple[ListenerId, Any]:
+    async def _criteria_for(
+        self, outbound: OutboundSpec, token: Any
+    ) -> tuple[Mapping[str, Any], Criteria]:
         timeout = self._auth_timeout
         listener_fn = outbound.create_listener_details_from_token
         try:
@@ -289,9 +303,38 @@ class SocketOutbound:
             logger.exception("%s raised for listener %r", describe(criteria_fn), listener_id)
             raise _Refusal(f"no criteria could be built for listener {listener_id!r}") from None
         try:
-            return listener_id, validate_criteria(raw, listener_id)
+            return details, validate_criteria(raw, listener_id)
         except ValueError as error:
             raise _Refusal(f"invalid criteria for listener {listener_id!r}: {error}") from None
+
+    async def refresh(
+        self, middleware_version: str, listener_ids: list[ListenerId] | None = None
+    ) -> int:
+        """Recompute the criteria of held listeners (all, or those named) and re-index them.
+
+        Nobody is disconnected: a listener whose criteria can no longer be built keeps only
+        ``__id``, so it stops receiving what its old criteria matched. Returns how many changed.
+        """
+        index = self._indices[middleware_version]
+        criteria_fn = self._middlewares[middleware_version]
+        changed = 0
+        held = index.listener_ids() if listener_ids is None else listener_ids
+        for position, listener_id in enumerate(held, 1):
+            details = next(
+                (c.details for c in index.sockets_of(listener_id) if c.details is not None), None
+            )
+            if details is None:
+                continue  # not held here
+            try:
+                raw = await call_user_function(criteria_fn, details, self._auth_timeout)
+                criteria = validate_criteria(raw, listener_id)
+            except Exception as error:  # noqa: BLE001 - refused now: keep the socket, not the access
+                logger.info("listener %r keeps no criteria: %s", listener_id, error)
+                criteria = {ID_KEY: listener_id}
+            changed += index.update(listener_id, criteria)
+            if position % 100 == 0:
+                await asyncio.sleep(0)  # a long refresh must not starve delivery
+        return changed
 
     # -- delivery ---------------------------------------------------------------------------
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from aiohttp import web
 
 from .backplane import Backplane, backplane_from_config
 from .config import Config, load_config
+from .criteria import ListenerId
 from .inbound import InboundSpec, basic_auth, health_handler, message_handler
 from .index import CriteriaIndex
 from .message import Event, MessageEvent, decode_event, encode_event
@@ -44,6 +46,7 @@ class Bow:
         self._outbound: SocketOutbound | None = None
         self._runners: list[web.AppRunner] = []
         self._stopping = False
+        self._watchers: list[asyncio.Task[None]] = []
         self.metrics = Metrics()
         self.metrics_port: int | None = None
         self._consumer: asyncio.Task[None] | None = None
@@ -137,6 +140,10 @@ class Bow:
             metrics=self.metrics,
         )
         self._consumer = asyncio.create_task(self._consume(backplane, outbound))
+        for version, function in self._middlewares.items():
+            watch = getattr(function, "watch", None)
+            if callable(watch):
+                self._watchers.append(asyncio.create_task(self._follow(version, watch, outbound)))
         if config.log_interval:
             self._reporter = asyncio.create_task(self._log_listeners(config.log_interval))
         try:
@@ -231,13 +238,31 @@ class Bow:
                 await close()
         self._stopping = False
 
+    async def _follow(
+        self,
+        version: str,
+        watch: Callable[[], AsyncIterator[list[ListenerId] | None]],
+        outbound: SocketOutbound,
+    ) -> None:
+        """Re-index listeners whenever a middleware says their criteria changed."""
+        async for listener_ids in watch():
+            try:
+                changed = await outbound.refresh(version, listener_ids)
+            except Exception:  # the next change must still be followed
+                logger.exception("could not refresh the criteria of middleware v%s", version)
+                continue
+            logger.info("middleware v%s: criteria of %d listeners changed", version, changed)
+
     async def _stop_backplane(self) -> None:
         backplane, self._backplane = self._backplane, None
         if backplane is not None:
             await backplane.disconnect()
-        if self._reporter is not None:
-            self._reporter.cancel()
-            self._reporter = None
+        for task in [*self._watchers, self._reporter]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._watchers, self._reporter = [], None
         if self._consumer is not None:
             # The backplane has ended its events: the consumer delivers what it holds, then ends.
             await self._consumer

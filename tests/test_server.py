@@ -233,3 +233,79 @@ async def test_health_is_503_while_stopping(start_bow: StartBow) -> None:
         async with http.get(f"http://127.0.0.1:{bow.port}/health") as response:
             assert response.status == 503
     bow._stopping = False
+
+
+class _TableCriteria:
+    """A middleware whose criteria live in a table that changes, and which says when it does."""
+
+    def __init__(self, table: dict[str, dict[str, Any]]) -> None:
+        self.table = table
+        self.changes: Any = None
+
+    def __call__(self, details: Any) -> dict[str, Any]:
+        if details["id"] not in self.table:
+            raise LookupError(f"no listener {details['id']!r}")
+        return self.table[details["id"]]
+
+    async def watch(self) -> Any:
+        import asyncio
+
+        self.changes = asyncio.Queue()
+        while True:
+            yield await self.changes.get()
+
+
+async def test_middleware_that_watches_re_indexes_listeners_without_reconnecting(
+    start_bow: StartBow,
+) -> None:
+    """A listener who gains access starts receiving at once, one who loses it stops."""
+    import asyncio
+
+    import aiohttp
+
+    from .support import AUTH, Listener
+
+    middleware = _TableCriteria({"alice": {"role": "reader"}, "bob": {"role": "admin"}})
+    bow = await start_bow(
+        Bow(base_config())
+        .middleware(version="1", create_criteria_from_listener_details=middleware)
+        .inbound(path="/in", create_message_from_request_body=message, middleware_version="1")
+        .outbound(version="1", create_listener_details_from_token=listener, middleware_version="1")
+    )
+    url = f"http://127.0.0.1:{bow.port}"
+    alice, bob = Listener(url), Listener(url)
+    for name, client in (("alice", alice), ("bob", bob)):
+        await client.connect("1")
+        await client.authenticate(name)
+    try:
+        index = bow._outbound._indices["1"]  # type: ignore[union-attr]
+
+        async def refreshed(listener_id: str, criteria: dict[str, Any]) -> None:
+            for _ in range(100):
+                if index.criteria_of(listener_id) == criteria:
+                    return
+                await asyncio.sleep(0.02)
+            raise AssertionError(f"{listener_id} kept {index.criteria_of(listener_id)}")
+
+        async def post(name: str) -> None:
+            async with aiohttp.ClientSession() as http:
+                body = {"name": name, "audience": [{"role": "admin"}]}
+                async with http.post(url + "/in", json=body, headers=AUTH) as response:
+                    assert response.status == 204
+
+        middleware.table = {"alice": {"role": "admin"}}  # alice promoted, bob removed
+        middleware.changes.put_nowait(None)  # None: every listener may have changed
+        await refreshed("bob", {"__id": "bob"})
+        await refreshed("alice", {"role": "admin", "__id": "alice"})
+        await post("PING")
+        assert (await alice.next_event())[0] == "PING"
+        await bob.no_event()
+        assert bob.client.connected and alice.client.connected
+        middleware.table["bob"] = {"role": "admin"}
+        middleware.changes.put_nowait(["bob"])  # only bob changed
+        await refreshed("bob", {"role": "admin", "__id": "bob"})
+        await post("PONG")
+        assert (await bob.next_event())[0] == "PONG"
+    finally:
+        await alice.close()
+        await bob.close()
