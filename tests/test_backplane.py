@@ -58,6 +58,18 @@ class Backend:
 
 @pytest.fixture(params=["memory", "redis", "cluster"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    async for made in _backend(request):
+        yield made
+
+
+@pytest.fixture(params=["redis", "cluster"])
+async def shared_backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    """The backends whose instances are one gateway (an in-process one has a single instance)."""
+    async for made in _backend(request):
+        yield made
+
+
+async def _backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     fixture = {"redis": "redis_server", "cluster": "redis_cluster"}.get(request.param)
     server = request.getfixturevalue(fixture) if fixture else None
     backend = Backend(request.param, server)
@@ -161,10 +173,10 @@ async def test_publish_before_connect_is_refused(backend: Backend) -> None:
         await backend.new().publish(b"early")
 
 
-async def test_instances_of_one_gateway_see_all_events_in_one_order(backend: Backend) -> None:
-    if not backend.shared:
-        pytest.skip(f"{backend.kind} backplanes are not shared between instances")
-    first, second = await backend.connected(), await backend.connected()
+async def test_instances_of_one_gateway_see_all_events_in_one_order(
+    shared_backend: Backend,
+) -> None:
+    first, second = await shared_backend.connected(), await shared_backend.connected()
     events = numbered(100)
     for n, data in enumerate(events):
         await (first if n % 3 else second).publish(data)
@@ -172,10 +184,8 @@ async def test_instances_of_one_gateway_see_all_events_in_one_order(backend: Bac
     assert await take(second, len(events)) == events
 
 
-async def test_concurrent_publishers_agree_on_one_order(backend: Backend) -> None:
-    if not backend.shared:
-        pytest.skip(f"{backend.kind} backplanes are not shared between instances")
-    first, second = await backend.connected(), await backend.connected()
+async def test_concurrent_publishers_agree_on_one_order(shared_backend: Backend) -> None:
+    first, second = await shared_backend.connected(), await shared_backend.connected()
     a, b = numbered(100, "a"), numbered(100, "b")
 
     async def publish_all(backplane: Backplane, events: list[bytes]) -> None:
