@@ -2,10 +2,17 @@
 
 The quick-start gateway (as ``tests/support.standard_bow`` builds it): the bundled JWT outbound
 v1.3, the claims middleware v1.1 and the pass-through inbound on ``/v1.2/messages``, one instance
-with the in-process backplane. Once serving, it prints one JSON line on stdout
+with the in-process backplane, or with ``--redis URL`` one instance of a gateway whose instances
+share that Redis (``redis_bench.py`` starts one or two of them). Once serving, it prints one JSON line on stdout
 (``{"port": ..., "pid": ...}``), then runs until SIGTERM, SIGINT or the end of its stdin (so it
 never outlives the benchmark). SIGUSR1 starts cProfile, SIGUSR2 stops it and writes the stats to
 the file given with ``--profile``.
+
+It also takes commands, one a line, on its stdin, and answers each with one JSON line on stdout:
+``gc`` (the cyclic garbage collector's collections per generation since the last ``gc``: count,
+total and longest pause, timed with ``gc.callbacks``), ``objects`` (how many objects the
+collector tracks; slow with millions) and ``freeze`` (``gc.collect()`` then ``gc.freeze()``: an
+experiment, the gateway itself never does it).
 """
 
 from __future__ import annotations
@@ -13,11 +20,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import json
 import logging
 import os
+import resource
 import signal
 import sys
+import time
 
 from bow_gateway.inbounds.passthrough import create_message_from_request_body
 from bow_gateway.middlewares.claims import criteria_from_claim
@@ -31,10 +41,19 @@ PATH = "/v1.2/messages"
 OUTBOUND_VERSION = "v1.3"
 
 
-def build(host: str, auth_timeout: float, max_queued_frames: int) -> Bow:
+def build(
+    host: str,
+    auth_timeout: float,
+    max_queued_frames: int,
+    redis: str | None = None,
+    namespace: str = "bow",
+    port: int = 0,
+) -> Bow:
     config = {
-        "port": 0,
+        "port": port,
         "host": host,
+        "redis": redis,
+        "namespace": namespace,
         "inbound": {"realm": REALM, "username": USER, "password": PASSWORD},
         "outbound": {"timeout": auth_timeout, "max_queued_frames": max_queued_frames},
         "middleware": {"log_interval": None},
@@ -55,18 +74,78 @@ def build(host: str, auth_timeout: float, max_queued_frames: int) -> Bow:
     )
 
 
+class GcClock:
+    """Times every collection of the cyclic garbage collector, per generation."""
+
+    def __init__(self) -> None:
+        self._started: float | None = None
+        self.reset()
+        gc.callbacks.append(self._callback)
+
+    def reset(self) -> None:
+        self.count = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self.longest = [0.0, 0.0, 0.0]
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            generation, took = info["generation"], time.perf_counter() - self._started
+            self.count[generation] += 1
+            self.seconds[generation] += took
+            self.longest[generation] = max(self.longest[generation], took)
+            self._started = None
+
+    def report(self) -> dict[str, object]:
+        answer = {
+            "collections": self.count,
+            "seconds": self.seconds,
+            "longest": self.longest,
+            "frozen": gc.get_freeze_count(),
+        }
+        self.reset()
+        return answer
+
+
+def answer(command: str, clock: GcClock) -> dict[str, object]:
+    if command == "gc":
+        return {"gc": clock.report()}
+    if command == "objects":
+        return {"objects": len(gc.get_objects())}
+    if command == "freeze":
+        started = time.perf_counter()
+        gc.collect()
+        gc.freeze()
+        return {"frozen": gc.get_freeze_count(), "seconds": time.perf_counter() - started}
+    return {"error": f"unknown command {command!r}"}
+
+
 async def serve(args: argparse.Namespace) -> None:
-    bow = build(args.host, args.auth_timeout, args.max_queued_frames)
+    clock = GcClock()
+    bow = build(
+        args.host, args.auth_timeout, args.max_queued_frames, args.redis, args.namespace, args.port
+    )
     await bow.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
+    pending = bytearray()
+
     def stdin_readable() -> None:
-        if not os.read(sys.stdin.fileno(), 4096):
+        chunk = os.read(sys.stdin.fileno(), 4096)
+        if not chunk:
             loop.remove_reader(sys.stdin.fileno())
             stop.set()
+            return
+        pending.extend(chunk)
+        while b"\n" in pending:
+            line, _, rest = bytes(pending).partition(b"\n")
+            pending[:] = rest
+            if line.strip():
+                print(json.dumps(answer(line.decode().strip(), clock)), flush=True)
 
     loop.add_reader(sys.stdin.fileno(), stdin_readable)
 
@@ -91,13 +170,24 @@ async def serve(args: argparse.Namespace) -> None:
     await bow.stop()
 
 
+def raise_open_files_limit() -> None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit: 10,000 sockets need 10,000 descriptors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="the gateway under benchmark")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--auth-timeout", type=float, default=60.0)
     parser.add_argument("--max-queued-frames", type=int, default=1_000)
     parser.add_argument("--profile", help="where SIGUSR2 writes the cProfile stats")
+    parser.add_argument("--redis", help="a redis:// URL: the Redis backplane instead of memory")
+    parser.add_argument("--namespace", default="bow", help="the Redis namespace (with --redis)")
+    parser.add_argument("--port", type=int, default=0, help="0: any free port")
     args = parser.parse_args()
+    raise_open_files_limit()
     logging.basicConfig(level=logging.WARNING, format="gateway: %(levelname)s %(message)s")
     asyncio.run(serve(args))
 
