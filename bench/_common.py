@@ -131,3 +131,18 @@ def environment(packages: Sequence[str]) -> str:
             f"load average at start (1, 5, 15 min): {load_average()}",
         ]
     )
+
+
+def wait_for_quiet(limit: float, seconds: int = 3, threshold: float = 0.1) -> bool:
+    """Wait until the machine has been quiet (every process together under ``threshold`` of a
+    CPU) for ``seconds`` seconds in a row, at most ``limit`` seconds; False if it never was."""
+    started = time.monotonic()
+    quiet = 0
+    while time.monotonic() - started < limit:
+        before = machine_busy_seconds()
+        time.sleep(1)
+        quiet = quiet + 1 if machine_busy_seconds() - before < threshold else 0
+        if quiet >= seconds:
+            return True
+    print(f"  (the machine was not quiet within {limit:g} s: going on anyway)", flush=True)
+    return False

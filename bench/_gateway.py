@@ -3,16 +3,16 @@
 The quick-start gateway (as ``tests/support.standard_bow`` builds it): the bundled JWT outbound
 v1.3, the claims middleware v1.1 and the pass-through inbound on ``/v1.2/messages``, one instance
 with the in-process backplane, or with ``--redis URL`` one instance of a gateway whose instances
-share that Redis (``redis_bench.py`` starts one or two of them). Once serving, it prints one JSON line on stdout
-(``{"port": ..., "pid": ...}``), then runs until SIGTERM, SIGINT or the end of its stdin (so it
-never outlives the benchmark). SIGUSR1 starts cProfile, SIGUSR2 stops it and writes the stats to
-the file given with ``--profile``.
+share that Redis (``redis_bench.py`` starts one or two of them). Once serving, it prints one JSON
+line on stdout (``{"port": ..., "pid": ...}``), then runs until SIGTERM, SIGINT or the end of its
+stdin (so it never outlives the benchmark). SIGUSR1 starts cProfile, SIGUSR2 stops it and writes
+the stats to the file given with ``--profile``.
 
 It also takes commands, one a line, on its stdin, and answers each with one JSON line on stdout:
 ``gc`` (the cyclic garbage collector's collections per generation since the last ``gc``: count,
 total and longest pause, timed with ``gc.callbacks``), ``objects`` (how many objects the
-collector tracks; slow with millions) and ``freeze`` (``gc.collect()`` then ``gc.freeze()``: an
-experiment, the gateway itself never does it).
+collector tracks; slow with millions), and two experiments that the gateway itself never does:
+``freeze`` (``gc.collect()`` then ``gc.freeze()``) and ``disable`` (``gc.disable()``).
 """
 
 from __future__ import annotations
@@ -118,6 +118,9 @@ def answer(command: str, clock: GcClock) -> dict[str, object]:
         gc.collect()
         gc.freeze()
         return {"frozen": gc.get_freeze_count(), "seconds": time.perf_counter() - started}
+    if command == "disable":
+        gc.disable()
+        return {"enabled": gc.isenabled()}
     return {"error": f"unknown command {command!r}"}
 
 
