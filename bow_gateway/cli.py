@@ -20,6 +20,8 @@ import socketio
 
 from . import __version__
 from .backplane import BackplaneUnavailable
+from .criteria_job import add_arguments as add_criteria_job_arguments
+from .criteria_job import run_command as run_criteria_job
 from .logs import configure_logging
 from .server import Bow
 from .standalone import (
@@ -558,6 +560,20 @@ def _parser() -> argparse.ArgumentParser:
         help='send {"name", "audience", "payload"} instead (for an envelope inbound)',
     )
     push.set_defaults(run=_push)
+
+    criteria_job = commands.add_parser(
+        "criteria-job",
+        help="precompute every listener's criteria with Spark into Redis",
+        formatter_class=_Formatter,
+        description="Run the Spark SQL query of a job file over its inputs (JDBC, Parquet, CSV,\n"
+        "JSON) and write each listener's criteria to Redis as a new snapshot, which goes live\n"
+        "at once for every instance using the precomputed-criteria middleware.\n"
+        "Needs pyspark (pip install 'bow-gateway[spark]') and Java 17+.",
+        epilog="Example: bow-gateway criteria-job --config deploy/criteria-job.example.toml\n"
+        "Exit status: 0 done, 1 the run failed (the live snapshot is untouched), 2 bad config.",
+    )
+    add_criteria_job_arguments(criteria_job)
+    criteria_job.set_defaults(run=run_criteria_job)
     return parser
 
 

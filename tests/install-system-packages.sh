@@ -3,6 +3,10 @@
 #
 #   redis-server  the Redis tests start their own redis-server processes (tests/redis_server.py)
 #   nginx         tests/test_deploy.py runs deploy/nginx/bow-gateway.conf in front of two gateways
+#   openjdk-17-jre-headless  tests/test_criteria_job.py runs the Spark criteria job (PySpark
+#                 needs Java 17+)
+#   libpostgresql-jdbc-java  the PostgreSQL JDBC driver (/usr/share/java/postgresql.jar) that
+#                 the criteria job reads PostgreSQL with, in tests/test_criteria_job.py
 #
 # Idempotent: a package already installed is left alone, and `apt-get update` runs only when
 # something must be installed. Root is needed only then: a non-root user with something missing
@@ -11,7 +15,7 @@
 #   sh tests/install-system-packages.sh && python3 -m venv .venv && ...
 set -eu
 
-PACKAGES="redis-server nginx"
+PACKAGES="redis-server nginx openjdk-17-jre-headless libpostgresql-jdbc-java"
 
 installed() {
     # dpkg-query prints "install ok installed" for a package that is fully installed.

@@ -1,0 +1,190 @@
+"""The criteria job's side of Redis: the lock, the snapshot registry, the switch, the writers.
+
+:class:`SnapshotStore` runs on the Spark driver (redis-py, synchronous): one job at a time (a lock
+renewed by a thread), snapshots registered before they are written so that a crashed run's keys
+are found and removed by the next run, the live pointer switched with one ``SET`` only while the
+lock is still ours, the previous snapshot left to expire after a grace period.
+
+The executors' side is :mod:`bow_gateway.criteria_writer`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+from typing import Any, Final
+
+import redis
+
+from .criteria_snapshot import Layout, Live, snapshot_message
+
+logger = logging.getLogger(__name__)
+
+WRITING: Final = "writing"
+LIVE: Final = "live"
+RETIRED: Final = "retired"
+
+_RENEW: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+_RELEASE: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+_SET_IF_LOCKED: Final = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[2])
+return 1
+"""
+
+
+class LockHeld(RuntimeError):
+    """Another criteria job holds the lock."""
+
+
+class LockLost(RuntimeError):
+    """The lock expired or was taken while this job ran: it must not switch anything."""
+
+
+class SnapshotStore:
+    """Snapshot bookkeeping in Redis, for one job run (a context manager that holds the lock)."""
+
+    def __init__(self, client: redis.Redis, layout: Layout, *, lock_seconds: float = 60.0) -> None:
+        self.client = client
+        self.layout = layout
+        self.token = secrets.token_hex(16)
+        self._lock_ms = max(1000, int(lock_seconds * 1000))
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+        self.lost = False
+
+    # -- the lock -------------------------------------------------------------------------------
+
+    def __enter__(self) -> SnapshotStore:
+        if not self.client.set(self.layout.lock_key, self.token, nx=True, px=self._lock_ms):
+            holder = self.client.pttl(self.layout.lock_key)
+            raise LockHeld(
+                f"another criteria job is running (the lock {self.layout.lock_key} is held"
+                f" for {max(0, holder) / 1000:.0f} s more, renewed while that job runs)"
+            )
+        self._renewer = threading.Thread(target=self._renew, name="criteria-lock", daemon=True)
+        self._renewer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+        try:
+            self.client.eval(_RELEASE, 1, self.layout.lock_key, self.token)
+        except redis.RedisError as error:  # it expires by itself
+            logger.warning("could not release the lock %s: %s", self.layout.lock_key, error)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self._lock_ms / 3000):
+            try:
+                renewed = self.client.eval(
+                    _RENEW, 1, self.layout.lock_key, self.token, self._lock_ms
+                )
+            except redis.RedisError as error:
+                logger.warning("could not renew the lock: %s", error)
+                continue
+            if not renewed:
+                self.lost = True
+                return
+
+    def _set_if_locked(self, key: str, value: str) -> None:
+        if self.lost or not self.client.eval(
+            _SET_IF_LOCKED, 2, self.layout.lock_key, key, self.token, value
+        ):
+            self.lost = True
+            raise LockLost(
+                f"the lock {self.layout.lock_key} expired while this job ran (was it paused?):"
+                " nothing was switched; raise lock_seconds if this happens again"
+            )
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    def live(self) -> Live | None:
+        return Live.from_json(self.client.get(self.layout.live_key))
+
+    def registry(self) -> dict[str, dict[str, Any]]:
+        raw = self.client.hgetall(self.layout.registry_key)
+        return {
+            (name.decode() if isinstance(name, bytes) else name): json.loads(value)
+            for name, value in raw.items()
+        }
+
+    def clean_up(self, now: float | None = None) -> list[str]:
+        """Remove what earlier runs left: a crashed run's partial snapshot, expired snapshots."""
+        now = time.time() if now is None else now
+        live = self.live()
+        removed = []
+        for snapshot, entry in self.registry().items():
+            if live is not None and snapshot == live.snapshot:
+                continue
+            if entry.get("status") == RETIRED and entry.get("expires", 0) > now:
+                continue
+            self.discard(snapshot, int(entry["buckets"]))
+            removed.append(snapshot)
+        return removed
+
+    def begin(self, snapshot: str, buckets: int) -> None:
+        """Register a snapshot before writing it: if this run dies, the next one removes it."""
+        entry = {"buckets": buckets, "status": WRITING, "started": time.time()}
+        self.client.hset(self.layout.registry_key, snapshot, json.dumps(entry))
+
+    def discard(self, snapshot: str, buckets: int) -> None:
+        """Delete a snapshot's keys (``UNLINK``, in pipelined chunks) and forget it."""
+        self._each_key(snapshot, buckets, "UNLINK")
+        self.client.hdel(self.layout.registry_key, snapshot)
+
+    def count(self, snapshot: str, buckets: int) -> int:
+        """How many listeners a snapshot holds (``HLEN`` of every bucket, pipelined)."""
+        return sum(self._each_key(snapshot, buckets, "HLEN"))
+
+    def go_live(self, live: Live, previous: Live | None, grace_seconds: float) -> None:
+        """Switch the live pointer (one ``SET``, only if we hold the lock) and notify."""
+        self._set_if_locked(self.layout.live_key, live.to_json())
+        entry = {"buckets": live.buckets, "status": LIVE, "since": time.time()}
+        self.client.hset(self.layout.registry_key, live.snapshot, json.dumps(entry))
+        self.client.publish(self.layout.changes_channel, snapshot_message(live.snapshot))
+        if previous is not None and previous.snapshot != live.snapshot:
+            self.retire(previous, grace_seconds)
+
+    def retire(self, previous: Live, grace_seconds: float) -> None:
+        """Let a replaced snapshot expire once instances have moved on (``PEXPIRE``)."""
+        if grace_seconds <= 0:
+            self.discard(previous.snapshot, previous.buckets)
+            return
+        self._each_key(previous.snapshot, previous.buckets, "PEXPIRE", int(grace_seconds * 1000))
+        entry = {
+            "buckets": previous.buckets,
+            "status": RETIRED,
+            "expires": time.time() + grace_seconds,
+        }
+        self.client.hset(self.layout.registry_key, previous.snapshot, json.dumps(entry))
+
+    def update_live(self, live: Live) -> None:
+        """Point at new job state for the same snapshot (after an incremental run)."""
+        self._set_if_locked(self.layout.live_key, live.to_json())
+
+    def _each_key(self, snapshot: str, buckets: int, command: str, *args: Any) -> list[Any]:
+        replies: list[Any] = []
+        for start in range(0, buckets, 1000):
+            pipe = self.client.pipeline(transaction=False)
+            for bucket in range(start, min(buckets, start + 1000)):
+                pipe.execute_command(  # type: ignore[no-untyped-call]
+                    command, self.layout.bucket_key(snapshot, bucket), *args
+                )
+            replies.extend(pipe.execute())
+        return replies
+
+
+def new_snapshot_id() -> str:
+    """A sortable, unique snapshot name: the UTC time and a random suffix."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + secrets.token_hex(2)

@@ -1,0 +1,159 @@
+"""The criteria job's writers, in the executors: Spark SQL's RESP bytes, grouped and streamed.
+
+Spark SQL builds each listener's command arguments as RESP bytes (``$field $value``); a writer
+takes the rows of its partition as Arrow batches, sorts them by bucket (in Arrow, not row by row
+in Python), and sends one ``HSET key field value field value ...`` per bucket and run of rows,
+in large pipelined writes: Python touches each bucket, never each listener. No shuffle groups the
+rows beforehand, so a bucket may get one ``HSET`` from each partition that holds some of its
+listeners.
+
+Self-contained on purpose (redis-py, pyarrow and numpy only): the job ships this module to the
+executors by value (cloudpickle), so that they need neither the gateway nor its dependencies, and
+a Python worker starts without importing them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    import pyarrow
+
+STATS: Final = ("commands", "listeners", "removed")
+"""The columns of :func:`write_partition`'s output: one row per partition."""
+
+HSET: Final = 0
+HDEL: Final = 1
+"""The ``op`` column: the arguments are ``$field $value`` for ``HSET``, ``$field`` for ``HDEL``."""
+
+FLUSH_BYTES: Final = 1 << 20
+"""A writer sends its commands in writes of about this many bytes, then reads their replies."""
+GROUP_ROWS: Final = 262_144
+GROUP_BYTES: Final = 64 << 20
+"""Rows are grouped by bucket in sets of at most this many rows or bytes (Arrow's int32 offsets
+also cap a binary column at 2 GiB)."""
+
+
+def write_partition(
+    batches: Iterator[pyarrow.RecordBatch],
+    *,
+    redis_url: str,
+    prefix: str,
+    channel: str | None = None,
+    notify_chunk: int = 1000,
+) -> Iterator[pyarrow.RecordBatch]:
+    """Write a partition's rows (``bucket``, ``entry``, ``op``, ``notify``); one stats row out.
+
+    The key of bucket ``b`` is ``prefix + str(b)``. When ``channel`` is given, the ``notify``
+    column's fields (listener ids as JSON) are published there once the writes are done, as
+    ``{"ids": [...]}`` in chunks of ``notify_chunk`` ids. A Redis error raises, which fails the
+    task (and the job, which then switches nothing).
+    """
+    import pyarrow
+    import pyarrow.compute
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    connection: Any = client.connection_pool.get_connection()
+    writer = _Writer(connection, prefix.encode())
+    notify: list[str] = []
+    held: list[pyarrow.RecordBatch] = []
+    held_rows = held_bytes = 0
+    try:
+        for batch in batches:
+            if channel is not None:
+                notify.extend(pyarrow.compute.drop_null(batch.column("notify")).to_pylist())
+            held.append(batch)
+            held_rows += batch.num_rows
+            held_bytes += batch.nbytes
+            if held_rows >= GROUP_ROWS or held_bytes >= GROUP_BYTES:
+                writer.write(held)
+                held, held_rows, held_bytes = [], 0, 0
+        writer.write(held)
+        writer.flush(last=True)
+        for start in range(0, len(notify), notify_chunk):
+            message = '{"ids":[' + ",".join(notify[start : start + notify_chunk]) + "]}"
+            connection.send_command("PUBLISH", channel, message)
+            connection.read_response()
+    finally:
+        client.connection_pool.release(connection)
+        client.close()
+    yield pyarrow.RecordBatch.from_pydict(
+        {
+            "commands": [writer.commands],
+            "listeners": [writer.listeners],
+            "removed": [writer.removed],
+        },
+        schema=pyarrow.schema([(name, pyarrow.int64()) for name in STATS]),
+    )
+
+
+class _Writer:
+    """Commands for sets of rows, sent in pipelined writes of about :data:`FLUSH_BYTES`."""
+
+    def __init__(self, connection: Any, prefix: bytes) -> None:
+        self.connection = connection
+        self.prefix = prefix
+        self.pending: list[Any] = []
+        self.size = 0
+        self.waiting = 0  # commands pending, not sent yet
+        self.in_flight = 0  # commands sent whose replies are still to read
+        self.commands = self.listeners = self.removed = 0
+
+    def write(self, batches: list[pyarrow.RecordBatch]) -> None:
+        """One command per (op, bucket) among these rows; the bytes come straight from Arrow."""
+        import numpy
+        import pyarrow
+        import pyarrow.compute
+
+        if not batches:
+            return
+        table = pyarrow.Table.from_batches(batches).select(["op", "bucket", "entry"])
+        order = pyarrow.compute.sort_indices(
+            table, sort_keys=[("op", "ascending"), ("bucket", "ascending")]
+        )
+        table = table.take(order).combine_chunks()
+        ops = table.column("op").to_numpy()
+        buckets = table.column("bucket").to_numpy()
+        entry = table.column("entry").chunk(0)
+        width = numpy.int64 if pyarrow.types.is_large_binary(entry.type) else numpy.int32
+        offsets = numpy.frombuffer(entry.buffers()[1], dtype=width)[
+            entry.offset : entry.offset + len(entry) + 1
+        ]
+        data = memoryview(entry.buffers()[2])
+        count = len(ops)
+        bounds = numpy.flatnonzero((numpy.diff(buckets) != 0) | (numpy.diff(ops) != 0)) + 1
+        starts = [0, *bounds.tolist()]
+        ends = [*bounds.tolist(), count]
+        for start, end in zip(starts, ends, strict=True):
+            rows = end - start
+            key = self.prefix + str(buckets[start]).encode()
+            if ops[start] == HSET:
+                header = b"*%d\r\n$4\r\nHSET\r\n$%d\r\n%s\r\n" % (2 + 2 * rows, len(key), key)
+                self.listeners += rows
+            else:
+                header = b"*%d\r\n$4\r\nHDEL\r\n$%d\r\n%s\r\n" % (2 + rows, len(key), key)
+                self.removed += rows
+            body = data[offsets[start] : offsets[end]]
+            self.pending += (header, body)
+            self.size += len(header) + len(body)
+            self.waiting += 1
+            if self.size >= FLUSH_BYTES:
+                self.flush()
+
+    def flush(self, last: bool = False) -> None:
+        """Send what is pending in one write, then read the replies to the previous write.
+
+        One write stays in flight while the next is prepared, so that Redis and this writer
+        work at the same time; ``last`` reads every reply. An error reply raises: the task fails.
+        """
+        if self.pending:
+            self.connection.send_packed_command([b"".join(self.pending)], check_health=False)
+        for _ in range(self.in_flight):
+            self.connection.read_response()
+        self.commands += self.in_flight
+        self.in_flight, self.waiting = self.waiting, 0
+        self.pending, self.size = [], 0
+        if last and self.in_flight:
+            self.flush()
