@@ -356,6 +356,7 @@ async def _run_listener(url: str, version: str, token: str) -> int:
     except socketio.exceptions.ConnectionError as error:
         reason = "; ".join(refusal) or str(error)
         print(f"bow-gateway listen: {address} refused the connection: {reason}", file=sys.stderr)
+        await client.disconnect()  # a failed connect leaves the client's HTTP session open
         return 1
     try:
         await client.emit("authenticate", token, callback=lambda *_: authenticated.set())

@@ -71,6 +71,7 @@ class _OutboundSchema(Schema):
         required=True, validate=validate.Range(min=0, min_inclusive=False, error="must be positive")
     )
     max_queued_frames = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
+    max_buffered_bytes = fields.Integer(load_default=4_194_304, validate=validate.Range(min=1))
     transports = fields.List(
         fields.String(validate=validate.OneOf(["polling", "websocket"])),
         load_default=lambda: ["polling", "websocket"],
@@ -135,6 +136,7 @@ class Config:
     inbound_timeout: float
     auth_timeout: float
     max_queued_frames: int
+    max_buffered_bytes: int
     transports: list[str]
 
     def ssl_context(self) -> ssl.SSLContext | None:
@@ -178,5 +180,6 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         inbound_timeout=data["inbound"]["timeout"],
         auth_timeout=data["outbound"]["timeout"],
         max_queued_frames=data["outbound"]["max_queued_frames"],
+        max_buffered_bytes=data["outbound"]["max_buffered_bytes"],
         transports=data["outbound"]["transports"],
     )

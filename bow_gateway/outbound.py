@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -17,7 +18,9 @@ from typing import Any, Final
 from urllib.parse import parse_qs
 
 import socketio
+from aiohttp import web
 from engineio import packet as eio_packet
+from engineio.async_drivers import aiohttp as eio_aiohttp
 from socketio import packet as sio_packet
 
 from .criteria import ID_KEY, Criteria, ListenerId, validate_criteria, validate_listener_details
@@ -45,6 +48,57 @@ class OutboundSpec:
     middleware_version: str
 
 
+def websocket_text_frame(data: bytes) -> bytes:
+    """An unmasked, uncompressed, final WebSocket text frame (RFC 6455 section 5.2)."""
+    length = len(data)
+    if length < 126:
+        return bytes((0x81, length)) + data
+    if length < 65_536:
+        return struct.pack("!BBH", 0x81, 126, length) + data
+    return struct.pack("!BBQ", 0x81, 127, length) + data
+
+
+class _WebSocket(eio_aiohttp.WebSocket):  # type: ignore[misc]
+    """python-engineio's aiohttp websocket, without permessage-deflate, its transport known.
+
+    Compression costs a zlib context per socket (~100 KB with clients that negotiate it, as
+    socket.io-client does) and a compression per frame per socket, for frames that are small.
+    """
+
+    async def __call__(self, environ: dict[str, Any]) -> web.WebSocketResponse:
+        request = environ["aiohttp.request"]
+        self._sock = web.WebSocketResponse(
+            max_msg_size=self.server.max_http_buffer_size, compress=False
+        )
+        await self._sock.prepare(request)
+        self.environ = environ
+        self.handler.__self__.bow_transport = request.transport  # the engineio socket's
+        await self.handler(self)
+        return self._sock
+
+
+class _GoDirect(eio_packet.Packet):  # type: ignore[misc]
+    """An Engine.IO NOOP that hands a websocket over to direct writes when engineio sends it.
+
+    Until then the socket's messages wait in ``connection.pending``; engineio's writer encodes
+    this packet only once every packet queued before it has been written, so writing the
+    pending frames then, and every later frame straight to the transport, keeps their order.
+    """
+
+    def __init__(self, connection: Connection, transport: asyncio.Transport) -> None:
+        super().__init__(eio_packet.NOOP)
+        self._connection = connection
+        self._transport = transport
+
+    def encode(self, b64: bool = False) -> Any:
+        connection, transport = self._connection, self._transport
+        if connection.pending is not None and not transport.is_closing():
+            transport.write(b"".join(connection.pending))
+        connection.pending = None
+        connection.transport = transport
+        return super().encode(b64)
+
+
 class Connection:
     """One Socket.IO connection, from connect to disconnect."""
 
@@ -55,8 +109,10 @@ class Connection:
         "eio_sid",
         "listener_id",
         "outbound",
+        "pending",
         "sid",
         "timer",
+        "transport",
     )
 
     def __init__(self, sid: str, eio_sid: str, outbound: OutboundSpec) -> None:
@@ -68,6 +124,10 @@ class Connection:
         self.authenticating = False
         self.closing: str | None = None  # why the gateway is closing it (refused, slow, ...)
         self.timer: asyncio.TimerHandle | None = None
+        # Messages go through engineio's queue until a websocket is handed over to direct
+        # writes (see _GoDirect): then ``transport`` is set; meanwhile they wait in ``pending``.
+        self.transport: asyncio.Transport | None = None
+        self.pending: list[bytes] | None = None
 
 
 class _Server(socketio.AsyncServer):  # type: ignore[misc]
@@ -117,6 +177,7 @@ class SocketOutbound:
         publish: Callable[[Event], Awaitable[None]],
         auth_timeout: float = 5.0,
         max_queued_frames: int = 1_000,
+        max_buffered_bytes: int = 4_194_304,
         transports: list[str] | None = None,
         metrics: Metrics | None = None,
     ) -> None:
@@ -126,6 +187,7 @@ class SocketOutbound:
         self._publish = publish
         self._auth_timeout = auth_timeout
         self._max_queued_frames = max_queued_frames
+        self._max_buffered_bytes = max_buffered_bytes
         self.metrics = metrics or Metrics()
         self.connections: dict[str, Connection] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -138,6 +200,7 @@ class SocketOutbound:
             logger=False,
             engineio_logger=False,
         )
+        self.sio.eio._async = {**self.sio.eio._async, "websocket": _WebSocket}
         self.sio.on("connect", self._connect)
         self.sio.on("connect", self._refuse_namespace, namespace="*")
         self.sio.on("disconnect", self._disconnect)
@@ -364,25 +427,57 @@ class SocketOutbound:
                 await self._close_transport(connection.eio_sid)
             return
         data = [message.name, message.payload] if message.has_payload else [message.name]
-        frame = eio_packet.Packet(
+        packet = eio_packet.Packet(
             eio_packet.MESSAGE,
             self.sio.packet_class(sio_packet.EVENT, namespace="/", data=data).encode(),
         )
-        sockets = self.sio.eio.sockets
+        frame = websocket_text_frame(packet.encode().encode())
         written = 0
         for connection in connections:
-            socket = sockets.get(connection.eio_sid)
-            if socket is None or socket.closed:
+            transport = connection.transport
+            if transport is not None:  # the hot path: the same bytes to every websocket
+                if transport.is_closing():
+                    continue
+                if transport.get_write_buffer_size() > self._max_buffered_bytes:
+                    self._too_slow(connection, f"{self._max_buffered_bytes} bytes")
+                    continue
+                transport.write(frame)
+            elif not await self._send_queued(connection, packet, frame):
                 continue
-            if socket.queue.qsize() >= self._max_queued_frames:
-                reason = f"too slow: {self._max_queued_frames} messages waiting to be sent"
-                self.spawn(self.refuse(connection.sid, reason, "slow"))
-                continue
-            await socket.send(frame)
             written += 1
             if written % YIELD_EVERY == 0:
                 await asyncio.sleep(0)
         self.metrics.deliveries.inc(written)
+
+    async def _send_queued(
+        self, connection: Connection, packet: eio_packet.Packet, frame: bytes
+    ) -> bool:
+        """Deliver through engineio's queue (long-polling, or a websocket not handed over yet)."""
+        if connection.pending is not None:  # a _GoDirect is on its way
+            if len(connection.pending) >= self._max_queued_frames:
+                self._too_slow(connection, f"{self._max_queued_frames} messages")
+                return False
+            connection.pending.append(frame)
+            return True
+        socket = self.sio.eio.sockets.get(connection.eio_sid)
+        if socket is None or socket.closed:
+            return False
+        transport = getattr(socket, "bow_transport", None)
+        if transport is not None and socket.upgraded and not socket.upgrading:
+            connection.pending = [frame]
+            await socket.send(_GoDirect(connection, transport))
+            return True
+        if socket.queue.qsize() >= self._max_queued_frames:
+            self._too_slow(connection, f"{self._max_queued_frames} messages")
+            return False
+        await socket.send(packet)
+        return True
+
+    def _too_slow(self, connection: Connection, waiting: str) -> None:
+        if connection.closing is None:
+            self.spawn(
+                self.refuse(connection.sid, f"too slow: {waiting} waiting to be sent", "slow")
+            )
 
     async def close(self) -> None:
         """Close every connection, so that clients reconnect (to another instance).

@@ -136,6 +136,7 @@ class Bow:
             publish=publish,
             auth_timeout=config.auth_timeout,
             max_queued_frames=config.max_queued_frames,
+            max_buffered_bytes=config.max_buffered_bytes,
             transports=config.transports,
             metrics=self.metrics,
         )

@@ -906,3 +906,89 @@ async def test_disconnect_message_to_polling_sockets_does_not_stall_delivery(
         for client in gone:
             await client.wait_disconnected()
             assert client.log == ["disconnect"], client.log
+
+
+# -- the direct write path: slow sockets, the upgrade, compression -----------------------------
+
+
+async def raw_websocket_listener(
+    http: aiohttp.ClientSession, url: str, listener_token: str
+) -> aiohttp.ClientWebSocketResponse:
+    """An authenticated socket spoken to in raw Engine.IO/Socket.IO frames, so that a test can
+    stop reading from it (offering permessage-deflate, as socket.io-client does)."""
+    ws = await http.ws_connect(
+        url + "/socket.io/?EIO=4&transport=websocket&v=1.3", compress=15, autoping=False
+    )
+    assert (await ws.receive_str(timeout=WAIT)).startswith("0{")  # Engine.IO open
+    await ws.send_str("40")  # Socket.IO connect to "/"
+    assert (await ws.receive_str(timeout=WAIT)).startswith("40{")
+    await ws.send_str(f'421["authenticate","{listener_token}"]')
+    assert await ws.receive_str(timeout=WAIT) == "431[]"  # the acknowledgement
+    return ws
+
+
+async def test_websockets_do_not_negotiate_compression(
+    gateway: Gateway, http: aiohttp.ClientSession
+) -> None:
+    ws = await raw_websocket_listener(http, gateway.url, token("USER/1"))
+    try:
+        assert ws.compress == 0  # the client offered permessage-deflate; the server declined
+        await gateway.push({"name": "plain", "audience": [{"__id": "USER/1"}]})
+        assert (
+            await ws.receive_str(timeout=WAIT)
+            == '42["plain",{"name":"plain","audience":[{"__id":"USER/1"}]}]'
+        )
+    finally:
+        await ws.close()
+
+
+async def test_a_socket_that_stops_reading_is_dropped_as_too_slow_and_no_other(
+    serve: Callable[[Bow], Awaitable[Gateway]], http: aiohttp.ClientSession
+) -> None:
+    gateway = await serve(
+        standard_bow(base_config(outbound={"timeout": 5, "max_buffered_bytes": 65_536}))
+    )
+    reader = await gateway.jwt_listener("USER/1", {"room": "a"})
+    stalled = await raw_websocket_listener(http, gateway.url, token("USER/2", {"room": "a"}))
+    try:
+        big = "x" * 60_000
+        slow = 'bow_disconnects_total{reason="slow"}'
+        for seq in range(400):  # ~24 MB: more than the kernel's socket buffers hold
+            await gateway.push(
+                {"name": "big", "seq": seq, "blob": big, "audience": [{"room": "a"}]}
+            )
+            assert (await reader.expect("big"))["seq"] == seq
+            if seq % 20 == 19 and (await metric(gateway, slow)) == 1:
+                break
+        else:
+            pytest.fail("the socket that stopped reading was never dropped")
+        await gateway.sentinel([{"room": "a"}], reader)
+        assert reader.client.connected
+    finally:
+        await stalled.close()
+
+
+async def metric(gateway: Gateway, sample: str) -> float:
+    async with gateway.http.get(gateway.url + "/metrics") as response:
+        for line in (await response.text()).splitlines():
+            if line.startswith(sample + " "):
+                return float(line.split()[-1])
+    return 0.0
+
+
+async def test_messages_keep_their_order_across_the_upgrade_to_websocket(
+    gateway: Gateway,
+) -> None:
+    # Regression: frames written straight to a websocket must not overtake those still in
+    # engineio's queue from the long-polling phase.
+    client = await gateway.listener(token("USER/1"), transports=["polling", "websocket"])
+    count = 300
+    pushes = [
+        gateway.push({"name": "tick", "seq": seq, "audience": [{"__id": "USER/1"}]})
+        for seq in range(count)
+    ]
+    for push in pushes:  # in order: each is accepted before the next is sent
+        await push
+    received = [(await client.expect("tick"))["seq"] for _ in range(count)]
+    assert received == list(range(count))
+    assert client.client.transport() == "websocket"
