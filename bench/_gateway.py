@@ -192,6 +192,10 @@ def main() -> None:
     args = parser.parse_args()
     raise_open_files_limit()
     logging.basicConfig(level=logging.WARNING, format="gateway: %(levelname)s %(message)s")
+    if os.environ.get("BENCH_UVLOOP"):
+        import uvloop
+
+        uvloop.install()
     asyncio.run(serve(args))
 
 

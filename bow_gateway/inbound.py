@@ -118,6 +118,8 @@ def message_handler(
             raise _unprocessable(f"invalid message: {error}") from None
         try:
             await publish(MessageEvent(middleware_version, message, time.time()))
+        except ValueError as error:  # the user's message_fn made a payload JSON cannot hold
+            raise _unprocessable(f"invalid message: the payload is {error}") from None
         except BackplaneUnavailable as error:
             reason = f"the gateway cannot take messages now: {error}"
             raise _unavailable(reason, error.retry_after) from None

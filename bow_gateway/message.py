@@ -7,14 +7,14 @@ and criteria changes cross the backplane: small JSON documents, encoded once whe
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import orjson
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 
-from .criteria import Criteria, ListenerId, ScalarField, error_text
+from .criteria import Criteria, ListenerId, ScalarField, error_text, is_scalar
 from .index import Query
 
 DISCONNECT: Final = "__disconnect"
@@ -55,6 +55,9 @@ def validate_message(value: Any) -> Message:
     """Check what ``create_message_from_request_body`` returned; ``ValueError`` names the field."""
     if not isinstance(value, Mapping):
         raise ValueError(f"a message must be a mapping, not {type(value).__name__}")
+    message = _plainly_valid(value)
+    if message is not None:
+        return message
     try:
         loaded = _schema.load(value)
     except ValidationError as error:
@@ -67,17 +70,40 @@ def validate_message(value: Any) -> Message:
     )
 
 
+def _plainly_valid(value: Mapping[str, Any]) -> Message | None:
+    """The message, when ``value`` is one as JSON gives it; ``None`` sends it to the schema.
+
+    The inbound's hot path: a fifth of marshmallow's cost. It accepts only what the schema
+    accepts (tests/test_message.py checks that against random documents); the schema
+    finds the words for everything else.
+    """
+    name, audience = value.get("name"), value.get("audience")
+    if type(name) is not str or not name or type(audience) is not list:
+        return None
+    for query in audience:
+        if type(query) is not dict or not query:
+            return None
+        for key, predicate in query.items():
+            if type(key) is not str or not is_scalar(predicate):
+                return None
+    has_payload = "payload" in value
+    return Message(name, audience, value["payload"] if has_payload else None, has_payload)
+
+
 def parse_json(body: bytes) -> Any:
-    """Parse a request body as strict JSON (``NaN`` and ``Infinity`` are not JSON)."""
-    return json.loads(body, parse_constant=_refuse_constant)
+    """Parse a request body as strict JSON (``NaN``, ``Infinity`` and ``1e400`` are refused).
+
+    orjson: ~8x faster than the standard library; integers past 64 bits become floats.
+    """
+    return orjson.loads(body)
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
-
-
-def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+def dumps(value: Any) -> bytes:
+    """Compact JSON, UTF-8; ``ValueError`` for what JSON cannot hold (a set, NaN, a huge int)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError as error:  # orjson.JSONEncodeError
+        raise ValueError(f"not JSON: {error}") from None
 
 
 # -- backplane events -----------------------------------------------------------------------
@@ -115,13 +141,13 @@ def encode_event(event: Event) -> bytes:
         }
         if message.has_payload:
             document["p"] = message.payload
-        return _dumps(document)
-    return _dumps({"c": event.middleware_version, "i": event.listener_id, "k": event.criteria})
+        return dumps(document)
+    return dumps({"c": event.middleware_version, "i": event.listener_id, "k": event.criteria})
 
 
 def decode_event(data: bytes) -> Event:
     """Read an event written by :func:`encode_event` (on this instance or another one)."""
-    document = json.loads(data)
+    document = orjson.loads(data)
     if "m" in document:
         message = Message(document["n"], document["a"], document.get("p"), "p" in document)
         return MessageEvent(document["m"], message, document.get("t", 0.0))

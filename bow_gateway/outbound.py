@@ -25,7 +25,7 @@ from socketio import packet as sio_packet
 
 from .criteria import ID_KEY, Criteria, ListenerId, validate_criteria, validate_listener_details
 from .index import CriteriaIndex
-from .message import DISCONNECT, CriteriaEvent, Event, MessageEvent
+from .message import DISCONNECT, CriteriaEvent, Event, MessageEvent, dumps
 from .metrics import Metrics
 from .userfn import call_user_function, describe
 
@@ -427,11 +427,9 @@ class SocketOutbound:
                 await self._close_transport(connection.eio_sid)
             return
         data = [message.name, message.payload] if message.has_payload else [message.name]
-        packet = eio_packet.Packet(
-            eio_packet.MESSAGE,
-            self.sio.packet_class(sio_packet.EVENT, namespace="/", data=data).encode(),
-        )
-        frame = websocket_text_frame(packet.encode().encode())
+        encoded = b"2" + dumps(data)  # a Socket.IO EVENT on "/", as python-socketio encodes it
+        packet = eio_packet.Packet(eio_packet.MESSAGE, encoded.decode())
+        frame = websocket_text_frame(b"4" + encoded)  # an Engine.IO MESSAGE
         written = 0
         for connection in connections:
             transport = connection.transport

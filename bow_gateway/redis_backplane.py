@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -25,6 +26,9 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from .backplane import Backplane, BackplaneUnavailable
+
+RESYNC_INTERVAL = 1.0
+"""Seconds between two looks (``XINFO STREAM``) at a stream read without interruption."""
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +139,7 @@ class RedisBackplane(Backplane):
         client, cursor = self._client, self._cursor
         if client is None:
             return
-        failures, check = 0, True
+        failures, check, checked = 0, True, 0.0
         while True:
             try:
                 if failures:  # Redis failed us: wait, then look at the stream before reading on
@@ -143,6 +147,7 @@ class RedisBackplane(Backplane):
                     await self._unless_stopped(client, partial(asyncio.sleep, delay))
                 if check:
                     await self._unless_stopped(client, partial(self._resync, client, cursor))
+                    checked = time.monotonic()
                 response = await self._unless_stopped(client, partial(self._xread, client, cursor))
             except _Stopped:
                 return
@@ -155,7 +160,10 @@ class RedisBackplane(Backplane):
                 failures = 0
             self._healthy = True
             entries = _entries(response)
-            check = bool(entries)  # trimming may pass us while these are handled: look first
+            # Trimming can pass this reader only while it is behind (its batch came back full),
+            # and a stream reset without a lost connection (a DEL) shows at the next periodic
+            # look; looking after every batch would cost a round trip per message.
+            check = len(entries) >= self._batch or time.monotonic() - checked >= RESYNC_INTERVAL
             for entry_id, fields in entries:
                 cursor.last, cursor.seen = _parse(entry_id), cursor.seen + 1
                 if FIELD in fields:

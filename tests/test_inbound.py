@@ -164,6 +164,38 @@ async def test_invalid_message_gets_422_naming_the_field(
         assert f"{field}:" in await response.text()
 
 
+async def test_a_payload_json_cannot_hold_gets_422_not_500(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    # Regression: a message_fn returning a set (or NaN) as payload made the encoding fail
+    # after validation, and the request got 500.
+    bow = await start_bow(
+        Bow(base_config())
+        .middleware(version="1", create_criteria_from_listener_details=lambda details: {})
+        .inbound(
+            path="/in",
+            create_message_from_request_body=lambda body: {
+                "name": "X",
+                "payload": {1, 2},
+                "audience": [],
+            },
+            middleware_version="1",
+        )
+    )
+    async with http.post(f"http://127.0.0.1:{bow.port}/in", json={}, headers=AUTH) as response:
+        assert response.status == 422
+        assert "payload" in await response.text()
+
+
+@pytest.mark.parametrize("body", [b"NaN", b'{"x": Infinity}', b'{"x": 1e400}'])
+async def test_json_that_is_not_strict_json_gets_422(
+    http: aiohttp.ClientSession, url: str, body: bytes
+) -> None:
+    async with http.post(url + PATH, data=body, headers=AUTH) as response:
+        assert response.status == 422
+        assert "not JSON" in await response.text()
+
+
 async def test_empty_audience_is_accepted(push: Push) -> None:
     assert (await push({"name": "X", "audience": []})).status == 204
 

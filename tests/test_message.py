@@ -1,0 +1,109 @@
+"""The message schema, its fast path, and the events that cross the backplane."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bow_gateway.message import (
+    CriteriaEvent,
+    Message,
+    MessageEvent,
+    _plainly_valid,
+    _schema,
+    decode_event,
+    encode_event,
+    parse_json,
+    validate_message,
+)
+
+scalars = st.one_of(
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=3),
+    st.none(),
+)
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=2), max_leaves=3)
+# Mostly near-valid shapes (a scalar of each kind, and the invalid ones: None, NaN, ""), so that
+# the fast path accepts many of them and refuses many for one detail.
+near_queries = st.dictionaries(st.text(max_size=2), scalars, max_size=3)
+good_scalars = st.one_of(
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(min_size=1),
+)
+good_queries = st.dictionaries(st.text(max_size=2), good_scalars, min_size=1, max_size=3)
+queries = st.one_of(
+    good_queries,
+    good_queries,
+    good_queries,
+    near_queries,
+    st.dictionaries(st.integers(), values, max_size=1),
+    st.dictionaries(st.text(max_size=2), values, max_size=2),
+    values,
+)
+names = st.one_of(st.text(min_size=1), st.text(max_size=3), st.integers(), st.none())
+audiences = st.one_of(st.lists(queries, max_size=3), queries)
+extras = {"payload": values, "other": values}
+documents = st.one_of(
+    st.fixed_dictionaries({"name": names, "audience": audiences}, optional=extras),
+    st.fixed_dictionaries({}, optional={"name": names, "audience": audiences, **extras}),
+)
+
+
+@settings(max_examples=2_000)
+@given(documents)
+def test_the_fast_path_accepts_only_what_the_schema_accepts_and_gives_the_same_message(
+    document: dict[str, Any],
+) -> None:
+    fast = _plainly_valid(document)
+    if fast is None:
+        return
+    loaded = _schema.load(document)  # raises if the fast path accepted too much
+    assert fast == Message(
+        loaded["name"], loaded["audience"], loaded.get("payload"), "payload" in loaded
+    )
+
+
+def test_typical_messages_take_the_fast_path() -> None:
+    document = {"name": "N", "audience": [{"role": "admin", "blogId": 42}], "payload": None}
+    assert _plainly_valid(document) == Message("N", document["audience"], None, True)
+    assert validate_message(document) == _plainly_valid(document)
+
+
+@pytest.mark.parametrize(
+    ("document", "field"),
+    [
+        ({"name": "", "audience": []}, "name"),
+        ({"name": "X", "audience": [{}]}, "audience.0"),
+        ({"name": "X", "audience": [{"k": float("nan")}]}, "audience.0.k"),
+        ({"name": "X"}, "audience"),
+    ],
+)
+def test_what_the_fast_path_refuses_gets_the_schema_s_words(
+    document: dict[str, Any], field: str
+) -> None:
+    assert _plainly_valid(document) is None
+    with pytest.raises(ValueError, match=f"{field}:"):
+        validate_message(document)
+
+
+def test_events_survive_the_backplane_encoding() -> None:
+    message = Message("N", [{"__id": "USER/1"}], {"text": "é", "n": 1.5}, True)
+    event = MessageEvent("v1", message, 1234.5)
+    assert decode_event(encode_event(event)) == event
+    criteria = CriteriaEvent("v1", 42, {"__id": 42, "role": ["a", "b"], "ok": True})
+    assert decode_event(encode_event(criteria)) == criteria
+
+
+def test_what_json_cannot_hold_is_a_value_error() -> None:
+    event = MessageEvent("v1", Message("N", [], {1, 2}, True))
+    with pytest.raises(ValueError, match="not JSON"):
+        encode_event(event)
+    with pytest.raises(ValueError):
+        parse_json(b"NaN")
