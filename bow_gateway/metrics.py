@@ -91,6 +91,13 @@ class Metrics:
             registry=registry,
             buckets=_LATENCY_BUCKETS,
         )
+        self.loop_lag_seconds = Histogram(
+            "bow_event_loop_lag_seconds",
+            "How late the event loop ran a timer (sampled 4 times a second): the longest stall"
+            " that heartbeats, HTTP and deliveries waited.",
+            registry=registry,
+            buckets=_LATENCY_BUCKETS,
+        )
         self.backplane_lag_seconds = Gauge(
             "bow_backplane_lag_seconds",
             "Age of the last event read from the backplane when it was read.",

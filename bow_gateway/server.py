@@ -51,6 +51,7 @@ class Bow:
         self.metrics_port: int | None = None
         self._consumer: asyncio.Task[None] | None = None
         self._reporter: asyncio.Task[None] | None = None
+        self._lag_probe: asyncio.Task[None] | None = None
 
     # -- registration -----------------------------------------------------------------------
 
@@ -147,6 +148,7 @@ class Bow:
                 self._watchers.append(asyncio.create_task(self._follow(version, watch, outbound)))
         if config.log_interval:
             self._reporter = asyncio.create_task(self._log_listeners(config.log_interval))
+        self._lag_probe = asyncio.create_task(self._probe_loop_lag())
         try:
             self.port = await self._serve(self._app(publish, backplane), config.port)
             if config.metrics_port is not None:
@@ -258,12 +260,12 @@ class Bow:
         backplane, self._backplane = self._backplane, None
         if backplane is not None:
             await backplane.disconnect()
-        for task in [*self._watchers, self._reporter]:
+        for task in [*self._watchers, self._reporter, self._lag_probe]:
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._watchers, self._reporter = [], None
+        self._watchers, self._reporter, self._lag_probe = [], None, None
         if self._consumer is not None:
             # The backplane has ended its events: the consumer delivers what it holds, then ends.
             await self._consumer
@@ -287,6 +289,17 @@ class Bow:
                     metrics.latency_seconds.observe(max(0.0, time.time() - event.accepted_at))
             except Exception:  # one bad event must not stop delivery of the next ones
                 logger.exception("could not deliver an event")
+
+    async def _probe_loop_lag(self, interval: float = 0.25, warn_above: float = 1.0) -> None:
+        """Measure how late the loop runs a timer; a stall over ``warn_above`` s is logged."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + interval
+            await asyncio.sleep(interval)
+            lag = max(0.0, loop.time() - due)
+            self.metrics.loop_lag_seconds.observe(lag)
+            if lag > warn_above:
+                logger.warning("the event loop stalled for %.2f s", lag)
 
     async def _log_listeners(self, interval: float) -> None:
         while True:

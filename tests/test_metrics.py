@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -110,3 +112,32 @@ async def test_two_gateways_in_one_process_keep_their_figures_apart(
     key = 'bow_messages_accepted_total{inbound="/v1.2/messages"}'
     assert first_figures[key] == 1
     assert second_figures.get(key, 0) == 0
+
+
+async def test_a_stalled_event_loop_shows_in_the_loop_lag_histogram(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    def blocking_message_fn(body: object) -> object:
+        time.sleep(0.4)  # a user function that blocks the loop, as it must not
+        return body
+
+    bow = await start_bow(
+        Bow(base_config())
+        .middleware(version="1", create_criteria_from_listener_details=lambda details: {})
+        .inbound(
+            path="/in", create_message_from_request_body=blocking_message_fn, middleware_version="1"
+        )
+    )
+    url = f"http://127.0.0.1:{bow.port}"
+    await asyncio.sleep(0.6)  # a few samples of an idle loop
+    before = await scrape(http, url)
+    assert before["bow_event_loop_lag_seconds_count{}"] >= 2
+    over = 'bow_event_loop_lag_seconds_bucket{le="0.25"}'
+    assert before[over] == before["bow_event_loop_lag_seconds_count{}"]  # idle: no stall
+    body = {"name": "N", "audience": []}
+    async with http.post(url + "/in", json=body, headers=AUTH) as response:
+        assert response.status == 204
+    await asyncio.sleep(0.3)
+    after = await scrape(http, url)
+    stalls = after["bow_event_loop_lag_seconds_count{}"] - after[over]
+    assert stalls == 1  # the 0.4 s stall, seen once

@@ -1,0 +1,152 @@
+"""Gateway memory per idle authenticated socket, with the official socket.io-client (Node.js).
+
+Run:  (cd bench/node && npm ci)     # once: socket.io-client 4.x
+      .venv/bin/python bench/node_memory_bench.py [--sockets 1000,10000]
+          [--transports websocket,polling+websocket] [--concurrency 100]
+
+A plain script, not a test. For each number of sockets and each transport choice it starts a
+fresh ``_gateway.py`` (pinned to CPU 0 with ``taskset`` when it can), reads its RSS, opens that
+many official ``socket.io-client`` connections from one Node process (``bench/node/
+idle_clients.mjs``: ``transports: ["websocket"]``, or the client's default, long-polling first
+then the upgrade, written ``polling+websocket``), each authenticated with its own JWT, waits 3
+seconds, and reads the gateway's RSS again: the growth divided by the sockets is the memory an
+idle authenticated socket costs. It also gives the connect+authenticate rate, the gateway's CPU
+per connection, and the sockets that failed to authenticate (the node client offers
+permessage-deflate, which the gateway declines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _common as common
+from _gateway import OUTBOUND_VERSION, SECRET
+from bow_gateway.outbounds.jwt import mint
+
+HERE = Path(__file__).resolve().parent
+NODE = HERE / "node"
+
+
+def start_gateway(pin: bool) -> tuple[subprocess.Popen[bytes], int, int]:
+    command = [sys.executable, str(HERE / "_gateway.py")]
+    if pin:
+        command = ["taskset", "-c", "0", *command]
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line:
+        raise SystemExit("the gateway did not start")
+    started = json.loads(line)
+    return process, started["port"], started["pid"]
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def measure(sockets: int, transports: str, concurrency: int, pin: bool) -> list[str]:
+    gateway, port, pid = start_gateway(pin)
+    try:
+        time.sleep(1)
+        before = common.rss_kib(pid)["VmRSS"]
+        cpu_before = common.cpu_seconds(pid)
+        with tempfile.NamedTemporaryFile("w", suffix=".tokens") as tokens:
+            for i in range(sockets):
+                tokens.write(mint(f"node-{i}", SECRET, criteria={"all": True}) + "\n")
+            tokens.flush()
+            node = subprocess.Popen(
+                [
+                    "node",
+                    str(NODE / "idle_clients.mjs"),
+                    f"http://127.0.0.1:{port}",
+                    OUTBOUND_VERSION,
+                    transports.replace("+", ","),
+                    str(concurrency),
+                    tokens.name,
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                cwd=NODE,
+            )
+            assert node.stdout is not None and node.stdin is not None
+            line = node.stdout.readline()
+            if not line:
+                raise SystemExit("the node clients failed (did you run `npm ci` in bench/node?)")
+            done = json.loads(line)
+            cpu = common.cpu_seconds(pid) - cpu_before
+            time.sleep(3)
+            after = common.rss_kib(pid)
+            node.stdin.close()
+            node.wait(30)
+    finally:
+        stop(gateway)
+    per_socket = (after["VmRSS"] - before) / max(1, done["authenticated"])
+    return [
+        f"{sockets:,}",
+        transports,
+        f"{done['authenticated']:,}",
+        f"{done['failed']:,}",
+        f"{done['authenticated'] / done['seconds']:,.0f}/s",
+        f"{cpu / max(1, done['authenticated']) * 1000:.2f}",
+        f"{before / 1024:.0f} -> {after['VmRSS'] / 1024:.0f} MiB",
+        f"{per_socket:.1f} KiB",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sockets", default="1000,10000")
+    parser.add_argument("--transports", default="websocket,polling+websocket")
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--no-pin", action="store_true")
+    args = parser.parse_args()
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # node inherits it
+    pin = not args.no_pin and shutil.which("taskset") is not None and (os.cpu_count() or 1) > 1
+    node_version = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout
+    client = json.loads((NODE / "node_modules/socket.io-client/package.json").read_text())
+    print(common.environment(["aiohttp", "python-socketio", "python-engineio"]))
+    print(
+        f"node {node_version.strip()}, socket.io-client {client['version']}; gateway pinned: {pin}"
+    )
+    rows = []
+    for sockets in (int(n) for n in args.sockets.split(",")):
+        for transports in args.transports.split(","):
+            rows.append(measure(sockets, transports, args.concurrency, pin))
+            print(f"  {rows[-1]}", flush=True)
+    print()
+    print(
+        common.table(
+            [
+                "sockets",
+                "transports",
+                "authenticated",
+                "failed",
+                "connect+auth",
+                "gateway ms/conn",
+                "gateway RSS",
+                "RSS per socket",
+            ],
+            rows,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
