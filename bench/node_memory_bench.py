@@ -22,9 +22,7 @@ import json
 import os
 import resource
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,36 +30,14 @@ from pathlib import Path
 import _common as common
 from _gateway import OUTBOUND_VERSION, SECRET
 from bow_gateway.outbounds.jwt import mint
+from delivery_bench import start_gateway, stop_gateway
 
 HERE = Path(__file__).resolve().parent
 NODE = HERE / "node"
 
 
-def start_gateway(pin: bool) -> tuple[subprocess.Popen[bytes], int, int]:
-    command = [sys.executable, str(HERE / "_gateway.py")]
-    if pin:
-        command = ["taskset", "-c", "0", *command]
-    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line:
-        raise SystemExit("the gateway did not start")
-    started = json.loads(line)
-    return process, started["port"], started["pid"]
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def measure(sockets: int, transports: str, concurrency: int, pin: bool) -> list[str]:
-    gateway, port, pid = start_gateway(pin)
+    gateway, port, pid = start_gateway(argparse.Namespace(profile=None, pin=pin, server_cpu=0))
     try:
         time.sleep(1)
         before = common.rss_kib(pid)["VmRSS"]
@@ -95,7 +71,7 @@ def measure(sockets: int, transports: str, concurrency: int, pin: bool) -> list[
             node.stdin.close()
             node.wait(30)
     finally:
-        stop(gateway)
+        stop_gateway(gateway)
     per_socket = (after["VmRSS"] - before) / max(1, done["authenticated"])
     return [
         f"{sockets:,}",
