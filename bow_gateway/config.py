@@ -71,7 +71,7 @@ class _OutboundSchema(Schema):
         required=True, validate=validate.Range(min=0, min_inclusive=False, error="must be positive")
     )
     max_queued_frames = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
-    max_buffered_bytes = fields.Integer(load_default=4_194_304, validate=validate.Range(min=1))
+    max_buffered_bytes = fields.Integer(load_default=1_048_576, validate=validate.Range(min=1))
     transports = fields.List(
         fields.String(validate=validate.OneOf(["polling", "websocket"])),
         load_default=lambda: ["polling", "websocket"],

@@ -99,7 +99,11 @@ def parse_json(body: bytes) -> Any:
 
 
 def dumps(value: Any) -> bytes:
-    """Compact JSON, UTF-8; ``ValueError`` for what JSON cannot hold (a set, NaN, a huge int)."""
+    """Compact JSON, UTF-8; ``ValueError`` for what JSON cannot hold (a set, an int past 64 bits).
+
+    NaN and the infinities (which only a user's function can make: bodies refuse them) become
+    ``null``, as JavaScript's ``JSON.stringify`` and so Bow make them.
+    """
     try:
         return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
     except TypeError as error:  # orjson.JSONEncodeError

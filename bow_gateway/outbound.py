@@ -177,7 +177,7 @@ class SocketOutbound:
         publish: Callable[[Event], Awaitable[None]],
         auth_timeout: float = 5.0,
         max_queued_frames: int = 1_000,
-        max_buffered_bytes: int = 4_194_304,
+        max_buffered_bytes: int = 1_048_576,
         transports: list[str] | None = None,
         metrics: Metrics | None = None,
     ) -> None:
@@ -257,6 +257,7 @@ class SocketOutbound:
             index = self._indices[connection.outbound.middleware_version]
             index.remove(connection, connection.listener_id)
         why = connection.closing or str(reason or "transport close")
+        connection.closing = why  # a delivery under way skips it from now on
         self.metrics.disconnects.labels(why).inc()
         logger.info("socket %s disconnected: %s", sid, why)
 
@@ -273,9 +274,12 @@ class SocketOutbound:
         if connection is None or connection.closing is not None:
             return
         connection.closing = kind
-        logger.info("refusing socket %s: %s", sid, reason)
-        await self.sio.emit("alert", reason, to=sid)
-        await self.sio.disconnect(sid)
+        await self._alert_and_close(connection, reason)
+
+    async def _alert_and_close(self, connection: Connection, reason: str) -> None:
+        logger.info("refusing socket %s: %s", connection.sid, reason)
+        await self.sio.emit("alert", reason, to=connection.sid)
+        await self.sio.disconnect(connection.sid)
         await self._close_transport(connection.eio_sid)
 
     async def refuse_eio(self, eio_sid: str, reason: str) -> None:
@@ -432,6 +436,8 @@ class SocketOutbound:
         frame = websocket_text_frame(b"4" + encoded)  # an Engine.IO MESSAGE
         written = 0
         for connection in connections:
+            if connection.closing is not None:  # refused or gone meanwhile
+                continue
             transport = connection.transport
             if transport is not None:  # the hot path: the same bytes to every websocket
                 if transport.is_closing():
@@ -464,6 +470,9 @@ class SocketOutbound:
         if transport is not None and socket.upgraded and not socket.upgrading:
             connection.pending = [frame]
             await socket.send(_GoDirect(connection, transport))
+            if socket.closed:  # engineio found it timed out and dropped the packet
+                connection.pending = None
+                return False
             return True
         if socket.queue.qsize() >= self._max_queued_frames:
             self._too_slow(connection, f"{self._max_queued_frames} messages")
@@ -472,10 +481,8 @@ class SocketOutbound:
         return True
 
     def _too_slow(self, connection: Connection, waiting: str) -> None:
-        if connection.closing is None:
-            self.spawn(
-                self.refuse(connection.sid, f"too slow: {waiting} waiting to be sent", "slow")
-            )
+        connection.closing = "slow"  # once: later messages skip it
+        self.spawn(self._alert_and_close(connection, f"too slow: {waiting} waiting to be sent"))
 
     async def close(self) -> None:
         """Close every connection, so that clients reconnect (to another instance).

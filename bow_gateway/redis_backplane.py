@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
@@ -27,7 +27,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from .backplane import Backplane, BackplaneUnavailable
 
-RESYNC_INTERVAL = 1.0
+RESYNC_INTERVAL: Final = 1.0
 """Seconds between two looks (``XINFO STREAM``) at a stream read without interruption."""
 
 logger = logging.getLogger(__name__)
@@ -160,14 +160,15 @@ class RedisBackplane(Backplane):
                 failures = 0
             self._healthy = True
             entries = _entries(response)
-            # Trimming can pass this reader only while it is behind (its batch came back full),
-            # and a stream reset without a lost connection (a DEL) shows at the next periodic
-            # look; looking after every batch would cost a round trip per message.
-            check = len(entries) >= self._batch or time.monotonic() - checked >= RESYNC_INTERVAL
             for entry_id, fields in entries:
                 cursor.last, cursor.seen = _parse(entry_id), cursor.seen + 1
                 if FIELD in fields:
                     yield fields[FIELD]
+            # Trimming can pass this reader only while it is behind (its batch came back full)
+            # or slow (delivering took long), and a stream reset without a lost connection (a
+            # DEL) shows at the next periodic look; looking after every batch would cost a
+            # round trip per message.
+            check = len(entries) >= self._batch or time.monotonic() - checked >= RESYNC_INTERVAL
 
     # -- Redis commands -----------------------------------------------------------------------
 

@@ -167,8 +167,8 @@ async def test_invalid_message_gets_422_naming_the_field(
 async def test_a_payload_json_cannot_hold_gets_422_not_500(
     start_bow: StartBow, http: aiohttp.ClientSession
 ) -> None:
-    # Regression: a message_fn returning a set (or NaN) as payload made the encoding fail
-    # after validation, and the request got 500.
+    # Regression: a message_fn returning a set as payload made the encoding fail after
+    # validation, and the request got 500.
     bow = await start_bow(
         Bow(base_config())
         .middleware(version="1", create_criteria_from_listener_details=lambda details: {})
