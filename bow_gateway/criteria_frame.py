@@ -94,8 +94,17 @@ def _what(kind: DataType) -> str:
     return "an empty string" if isinstance(kind, StringType) else "NaN or an infinity"
 
 
+def criteria_keys(frame: DataFrame) -> tuple[str, ...]:
+    """The criteria keys of the query's result, in the order :func:`shape` writes their values."""
+    return tuple(name for name, _ in check_schema(frame))
+
+
 def shape(frame: DataFrame) -> DataFrame:
-    """``field``, ``value`` and ``problem`` for each row of the criteria query's result."""
+    """``field``, ``value`` and ``problem`` for each row of the criteria query's result.
+
+    ``value`` is the JSON array of the row's criteria values in the order of
+    :func:`criteria_keys` (``null`` for a NULL, trailing ``null``s left out).
+    """
     columns = check_schema(frame)
     raw_id = _col(ID_COLUMN)
     id_type = frame.schema[ID_COLUMN].dataType
@@ -108,7 +117,7 @@ def shape(frame: DataFrame) -> DataFrame:
         field = F.col("bow_id_json")
         id_problem = F.when(raw_id.isNull(), "id is NULL")
     problems: list[Column] = [id_problem]
-    values: list[Column] = []
+    values: list[Column] = []  # each value's JSON, "null" for a NULL
     for name, kind in columns:
         value = _col(name)
         if isinstance(kind, ArrayType):
@@ -119,17 +128,22 @@ def shape(frame: DataFrame) -> DataFrame:
                 problems.append(F.when(bad, f"column {name!r} holds {_what(item)}"))
             cleaned = F.array_sort(F.array_distinct(F.filter(value, lambda x: x.isNotNull())))
             value = F.when(F.size(cleaned) > 0, cleaned)  # an empty list matches nothing
+            values.append(F.coalesce(F.to_json(value), F.lit("null")))
         else:
             is_bad = _is_bad(kind)
             if is_bad is not None:
                 problems.append(F.when(is_bad(value), f"column {name!r} is {_what(kind)}"))
-        values.append(value.alias(name))
-    criteria = F.to_json(F.struct(*values), {"ignoreNullFields": "true"}) if values else F.lit("{}")
+            in_array = F.to_json(F.array(value))  # "[v]", "[null]": Spark's JSON of a scalar
+            values.append(F.substr(in_array, F.lit(2), F.length(in_array) - 2))
+    # Only a JSON null can end in "null]": strings end in '"', numbers in digits.
+    criteria = F.regexp_replace(
+        F.concat(F.lit("["), F.concat_ws(",", *values), F.lit("]")), r"(,?null)+\]$", "]"
+    )
     return frame.select(
         id_json.alias("bow_id_json"),
         criteria.alias("value"),
-        F.coalesce(*problems).alias("problem") if len(problems) > 1 else problems[0],
-    ).select(field.alias("field"), "value", F.col("problem").alias("problem"))
+        (F.coalesce(*problems) if len(problems) > 1 else problems[0]).alias("problem"),
+    ).select(field.alias("field"), "value", "problem")
 
 
 def _bulk(text: Column) -> Column:

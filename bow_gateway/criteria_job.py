@@ -256,7 +256,7 @@ def _locked_run(
     from pyspark import StorageLevel
     from pyspark.errors import PySparkException
 
-    from bow_gateway.criteria_frame import shape
+    from bow_gateway.criteria_frame import criteria_keys, shape
 
     removed = store.clean_up()
     if removed:
@@ -270,16 +270,20 @@ def _locked_run(
         frame = spark.sql(config.query)
     except PySparkException as error:
         raise CriteriaJobError(f"the criteria query is invalid: {short(error)}") from None
+    keys = criteria_keys(frame)
     shaped = shape(frame).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         read = _check(shaped, store.client, config, distinct=incremental, progress=progress)
         if incremental and (live is None or live.state is None or not _exists(spark, live.state)):
             progress("no state of a previous run to compare with: a full run instead")
             incremental = False
+        elif incremental and live is not None and live.keys != keys:
+            progress("the query's criteria columns changed since the live snapshot: a full run")
+            incremental = False
         if incremental:
             assert live is not None and live.state is not None
             return _incremental(config, spark, store, shaped, live, read, progress, started)
-        return _full(config, spark, store, shaped, live, read, progress, started)
+        return _full(config, spark, store, shaped, live, keys, read, progress, started)
     finally:
         shaped.unpersist()
 
@@ -340,6 +344,7 @@ def _full(
     store: SnapshotStore,
     shaped: DataFrame,
     live: Live | None,
+    keys: tuple[str, ...],
     read: int,
     progress: Callable[[str], None],
     started: float,
@@ -365,7 +370,7 @@ def _full(
             )
         progress(f"wrote {stats['listeners']:,} listeners in {write_seconds:.1f} s")
         state = _save_state(spark, shaped, config, snapshot) if config.state_dir else None
-        store.go_live(Live(snapshot, buckets, state), live, config.grace_seconds)
+        store.go_live(Live(snapshot, buckets, state, keys), live, config.grace_seconds)
     except BaseException:
         _abandon(store, snapshot, buckets)
         raise
@@ -440,7 +445,7 @@ def _incremental(
     write_seconds = time.monotonic() - write_started
     progress(f"{stats['listeners']:,} changed, {stats['removed']:,} removed and notified")
     state = _save_state(spark, new, config, live.snapshot)
-    store.update_live(Live(live.snapshot, live.buckets, state))
+    store.update_live(Live(live.snapshot, live.buckets, state, live.keys))
     assert live.state is not None
     _delete(spark, live.state)
     return Summary(

@@ -3,9 +3,13 @@
 A *snapshot* holds every listener's criteria in bucket hashes::
 
     {ns}:criteria:{snapshot}:{bucket}   HASH  field = the listener id as compact JSON (1 and "1"
-                                              differ), value = its criteria as compact JSON
-                                              (without __id)
-    {ns}:criteria:live                  STRING {"snapshot": ..., "buckets": n, "state": ...}
+                                              differ), value = its criteria (without __id) as a
+                                              JSON array of values in the order of the live
+                                              pointer's "keys", null where a key is absent
+                                              (trailing nulls left out): the keys, the same in
+                                              every listener, are stored once
+    {ns}:criteria:live                  STRING {"snapshot": ..., "buckets": n, "keys": [...],
+                                              "state": ...}
     {ns}:criteria:changes               channel: {"snapshot": ...} or {"ids": [...]}
     {ns}:criteria:lock                  STRING the running job's token (SET NX PX, renewed)
     {ns}:criteria:snapshots             HASH  snapshot -> {"buckets", "status", "expires"}
@@ -26,6 +30,7 @@ import json
 import math
 import re
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -107,12 +112,20 @@ class Live:
     snapshot: str
     buckets: int
     state: str | None = None
+    keys: tuple[str, ...] | None = None
+    """The criteria keys of the values' positions; ``None``: each value is a JSON object."""
 
     def to_json(self) -> str:
         document: dict[str, Any] = {"snapshot": self.snapshot, "buckets": self.buckets}
+        if self.keys is not None:
+            document["keys"] = list(self.keys)
         if self.state is not None:
             document["state"] = self.state
         return json.dumps(document, separators=(",", ":"))
+
+    def criteria(self, raw: str | bytes) -> dict[str, Any]:
+        """A listener's criteria from the value stored for it in this snapshot."""
+        return criteria_of(raw, self.keys)
 
     @classmethod
     def from_json(cls, raw: str | bytes | None) -> Live | None:
@@ -122,7 +135,7 @@ class Live:
         try:
             document = json.loads(raw)
             snapshot, buckets = document["snapshot"], document["buckets"]
-            state = document.get("state")
+            state, keys = document.get("state"), document.get("keys")
         except (ValueError, TypeError, KeyError) as error:
             raise ValueError(f"malformed live criteria pointer {raw!r}: {error}") from None
         if not isinstance(snapshot, str) or not snapshot or ":" in snapshot:
@@ -131,7 +144,23 @@ class Live:
             raise ValueError(f"malformed live criteria pointer {raw!r}: bad bucket count")
         if state is not None and not isinstance(state, str):
             raise ValueError(f"malformed live criteria pointer {raw!r}: bad state")
-        return cls(snapshot, buckets, state)
+        if keys is not None and not (
+            isinstance(keys, list) and all(isinstance(key, str) and key for key in keys)
+        ):
+            raise ValueError(f"malformed live criteria pointer {raw!r}: bad keys")
+        return cls(snapshot, buckets, state, None if keys is None else tuple(keys))
+
+
+def criteria_of(raw: str | bytes, keys: Sequence[str] | None) -> dict[str, Any]:
+    """Criteria from a stored value: an array of values in the order of ``keys``, or an object."""
+    value = json.loads(raw)
+    if keys is None:
+        if not isinstance(value, dict):
+            raise ValueError(f"stored criteria {raw!r} are not a JSON object")
+        return value
+    if not isinstance(value, list) or len(value) > len(keys):
+        raise ValueError(f"stored criteria {raw!r} do not fit the keys {list(keys)}")
+    return {key: item for key, item in zip(keys, value, strict=False) if item is not None}
 
 
 def snapshot_message(snapshot: str) -> str:

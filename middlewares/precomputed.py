@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import json
 import logging
 import os
 import time
@@ -87,7 +86,8 @@ class PrecomputedCriteria:
             if live is not None and live != previous:
                 raw = await self._read(live, listener_id)
         if raw is not None:
-            return json.loads(raw)
+            assert live is not None
+            return live.criteria(raw)
         if self.fallback is not None:
             result = self.fallback(details)
             return await result if inspect.isawaitable(result) else result

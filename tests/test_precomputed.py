@@ -96,14 +96,29 @@ def test_bucket_is_crc32_of_the_field_modulo_the_count() -> None:
 def test_live_pointer_and_notifications_round_trip() -> None:
     live = Live("20250101T000000Zab12", 10, "/state/x")
     assert Live.from_json(live.to_json()) == live
+    keyed = Live("20250101T000000Zab12", 10, "/state/x", ("role", "blogId"))
+    assert Live.from_json(keyed.to_json()) == keyed
     assert Live.from_json(None) is None
     for bad in ("{", '{"snapshot": "a:b", "buckets": 1}', '{"snapshot": "a", "buckets": 0}'):
         with pytest.raises(ValueError, match="malformed live criteria pointer"):
             Live.from_json(bad)
+    with pytest.raises(ValueError, match="bad keys"):
+        Live.from_json('{"snapshot": "a", "buckets": 1, "keys": [""]}')
     assert parse_change(snapshot_message("s")) is None
     assert parse_change(ids_message([id_field(1), id_field("1")])) == [1, "1"]
     with pytest.raises(ValueError):
         parse_change('{"ids": [true]}')
+
+
+def test_stored_values_are_read_by_position_or_as_objects() -> None:
+    keyed = Live("s", 1, keys=("role", "blogId", "beta"))
+    assert keyed.criteria(b'["author",[42,418]]') == {"role": "author", "blogId": [42, 418]}
+    assert keyed.criteria(b"[null,[42]]") == {"blogId": [42]}
+    assert keyed.criteria(b"[]") == {}
+    assert Live("s", 1).criteria(b'{"role":"admin"}') == {"role": "admin"}  # no keys: objects
+    for bad in (b'["a","b","c","d"]', b'{"role":"admin"}'):
+        with pytest.raises(ValueError, match="do not fit"):
+            keyed.criteria(bad)
 
 
 async def test_criteria_come_from_the_live_snapshot(
