@@ -96,7 +96,7 @@ else
     fail "the ConfigMap's gateway.toml"
 fi
 
-step "systemd/bow-gateway.service: systemd-analyze verify and security"
+step "systemd/: systemd-analyze verify and security"
 if have systemd-analyze; then
     # verify checks that ExecStart's program exists: point it at this checkout's bow-gateway.
     program=$(cd "$(dirname "$python")" && pwd)/bow-gateway
@@ -109,9 +109,19 @@ if have systemd-analyze; then
         > "$tmp/security.txt"
     check "systemd-analyze security: $(grep -o 'Overall exposure.*' "$tmp/security.txt")" \
         grep -q 'Overall exposure' "$tmp/security.txt"
+    # The criteria job's oneshot service and the timer that starts it.
+    sed "s#^ExecStart=/opt/bow-gateway/bin/bow-gateway #ExecStart=$program #" \
+        deploy/systemd/bow-gateway-criteria-job.service > "$tmp/bow-gateway-criteria-job.service"
+    cp deploy/systemd/bow-gateway-criteria-job.timer "$tmp/"
+    check "systemd-analyze verify: the criteria job's service and timer" \
+        systemd-analyze verify "$tmp/bow-gateway-criteria-job.service" \
+        "$tmp/bow-gateway-criteria-job.timer"
 else
     skip "systemd-analyze"
 fi
+
+step "airflow/bow_criteria_job_dag.py: compiles (Airflow itself is not installed here)"
+check "python -m py_compile" "$python" -m py_compile deploy/airflow/bow_criteria_job_dag.py
 
 step "prometheus/prometheus.yml: promtool check config"
 if have promtool; then
