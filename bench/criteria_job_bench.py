@@ -43,6 +43,7 @@ import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bow_gateway.criteria_snapshot import Layout, Live  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 NAMESPACE = "bench"
@@ -147,8 +148,6 @@ def run_job(config: Path, client: redis.Redis, incremental: bool = False) -> dic
 
 def memory(client: redis.Redis, baseline: int, listeners: int) -> dict[str, Any]:
     """Bytes per listener: all of Redis's growth, and sampled buckets against their payload."""
-    from bow_gateway.criteria_snapshot import Layout, Live
-
     layout = Layout(NAMESPACE)
     live = Live.from_json(client.get(layout.live_key))
     assert live is not None
@@ -247,7 +246,7 @@ def main() -> None:
         _report(*results[-1])
         incremental = results[-1][1]
 
-        client.delete(f"{NAMESPACE}:criteria:live")  # a fresh start for the small run
+        client.delete(Layout(NAMESPACE).live_key)  # a fresh start for the small run
         results.append((f"full, {args.small:,}, Parquet", run_job(small_file, client)))
         _report(*results[-1])
 

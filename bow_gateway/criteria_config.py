@@ -41,6 +41,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -293,8 +294,8 @@ def _number(
     if value is None:
         return None
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if not ok or isinstance(value, bool) or value < minimum:
-        kind = "a whole number" if integer else "a number"
+    if not ok or isinstance(value, bool) or not math.isfinite(value) or value < minimum:
+        kind = "a whole number" if integer else "a finite number"
         raise ConfigError(f"snapshot.{key}: must be {kind} >= {minimum:g}, not {value!r}")
     return value
 

@@ -226,7 +226,7 @@ def run_job(
     from bow_gateway.criteria_store import LockHeld, LockLost, SnapshotStore
 
     started = time.monotonic()
-    client = redis_py.Redis.from_url(config.redis_url)
+    client = redis_py.Redis.from_url(config.redis_url, socket_timeout=60, socket_connect_timeout=10)
     try:
         client.ping()
         with SnapshotStore(
@@ -433,6 +433,9 @@ def _incremental(
         .where("value IS NULL OR previous IS NULL OR digest != previous")
         .select("field", "value")
     )
+    # From here the live snapshot no longer matches the saved state: a run that dies before
+    # the end leaves the pointer without state, so that the next run is a full one.
+    store.update_live(Live(live.snapshot, live.buckets, None, live.keys))
     progress(f"writing the changes into the live snapshot {live.snapshot}")
     write_started = time.monotonic()
     stats = _write(

@@ -8,17 +8,20 @@ A *snapshot* holds every listener's criteria in bucket hashes::
                                               pointer's "keys", null where a key is absent
                                               (trailing nulls left out): the keys, the same in
                                               every listener, are stored once
-    {ns}:criteria:live                  STRING {"snapshot": ..., "buckets": n, "keys": [...],
-                                              "state": ...}
+    {{ns}:criteria}:live                STRING {"snapshot": ..., "buckets": n, "keys": [...],
+                                              "state": ...}; no "state" while an incremental
+                                              run writes into the live snapshot
     {ns}:criteria:changes               channel: {"snapshot": ...} or {"ids": [...]}
-    {ns}:criteria:lock                  STRING the running job's token (SET NX PX, renewed)
-    {ns}:criteria:snapshots             HASH  snapshot -> {"buckets", "status", "expires"}
+    {{ns}:criteria}:lock                STRING the running job's token (SET NX PX, renewed)
+    {{ns}:criteria}:snapshots           HASH  snapshot -> {"buckets", "status", "expires"}
 
 ``bucket = crc32(field) mod n`` (``zlib.crc32`` here, Spark SQL's ``crc32`` in the job: both hash
 the UTF-8 bytes of the field). With about 100 listeners per bucket each hash stays a listpack in
 Redis (``hash-max-listpack-entries``, ``hash-max-listpack-value``), about 70-100 bytes per listener
-instead of ~160 for one key each, and the gateway reads a listener with one ``HGET``. The keys of
-a snapshot spread over all slots of a Redis Cluster; no command touches two of them at once.
+instead of ~160 for one key each, and the gateway reads a listener with one ``HGET``. The buckets
+spread over all slots of a Redis Cluster and the control keys share one (a hash tag), so no
+command touches two slots; the job's writers and the middleware themselves talk to one Redis
+server for now (a Redis Cluster client for them is still to come).
 
 The field is JSON as Spark's ``to_json`` writes it: non-ASCII characters as they are, control
 characters as ``\\u00XX`` with upper-case hex (:func:`id_field`).
@@ -78,8 +81,14 @@ class Layout:
         return f"{self.namespace}:criteria:"
 
     @property
+    def _control(self) -> str:
+        # One hash tag for the keys that a script touches together (the lock and the pointer),
+        # so that they share a Redis Cluster slot; the buckets spread over all slots.
+        return f"{{{self.namespace}:criteria}}:"
+
+    @property
     def live_key(self) -> str:
-        return f"{self.prefix}live"
+        return f"{self._control}live"
 
     @property
     def changes_channel(self) -> str:
@@ -87,11 +96,11 @@ class Layout:
 
     @property
     def lock_key(self) -> str:
-        return f"{self.prefix}lock"
+        return f"{self._control}lock"
 
     @property
     def registry_key(self) -> str:
-        return f"{self.prefix}snapshots"
+        return f"{self._control}snapshots"
 
     def bucket_prefix(self, snapshot: str) -> str:
         return f"{self.prefix}{snapshot}:"

@@ -38,8 +38,11 @@ return 0
 _SET_IF_LOCKED: Final = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[2])
+if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[3], ARGV[4]) end
 return 1
 """
+"""Set the live pointer while the lock is ours, and notify in the same step (PUBLISH with a
+channel name is allowed in a script on a Redis Cluster: channels are not keys)."""
 
 
 class LockHeld(RuntimeError):
@@ -97,9 +100,9 @@ class SnapshotStore:
                 self.lost = True
                 return
 
-    def _set_if_locked(self, key: str, value: str) -> None:
+    def _set_if_locked(self, key: str, value: str, channel: str = "", message: str = "") -> None:
         if self.lost or not self.client.eval(
-            _SET_IF_LOCKED, 2, self.layout.lock_key, key, self.token, value
+            _SET_IF_LOCKED, 2, self.layout.lock_key, key, self.token, value, channel, message
         ):
             self.lost = True
             raise LockLost(
@@ -148,13 +151,23 @@ class SnapshotStore:
         return sum(self._each_key(snapshot, buckets, "HLEN"))
 
     def go_live(self, live: Live, previous: Live | None, grace_seconds: float) -> None:
-        """Switch the live pointer (one ``SET``, only if we hold the lock) and notify."""
-        self._set_if_locked(self.layout.live_key, live.to_json())
-        entry = {"buckets": live.buckets, "status": LIVE, "since": time.time()}
-        self.client.hset(self.layout.registry_key, live.snapshot, json.dumps(entry))
-        self.client.publish(self.layout.changes_channel, snapshot_message(live.snapshot))
-        if previous is not None and previous.snapshot != live.snapshot:
-            self.retire(previous, grace_seconds)
+        """Switch the live pointer and notify, in one script, only if we hold the lock.
+
+        What follows the switch is bookkeeping: if it fails, the next run does it.
+        """
+        self._set_if_locked(
+            self.layout.live_key,
+            live.to_json(),
+            self.layout.changes_channel,
+            snapshot_message(live.snapshot),
+        )
+        try:
+            entry = {"buckets": live.buckets, "status": LIVE, "since": time.time()}
+            self.client.hset(self.layout.registry_key, live.snapshot, json.dumps(entry))
+            if previous is not None and previous.snapshot != live.snapshot:
+                self.retire(previous, grace_seconds)
+        except redis.RedisError as error:
+            logger.warning("snapshot %s is live, but its bookkeeping failed: %s", live, error)
 
     def retire(self, previous: Live, grace_seconds: float) -> None:
         """Let a replaced snapshot expire once instances have moved on (``PEXPIRE``)."""

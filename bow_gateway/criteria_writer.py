@@ -54,7 +54,7 @@ def write_partition(
     import pyarrow.compute
     import redis
 
-    client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(redis_url, socket_timeout=60, socket_connect_timeout=10)
     connection: Any = client.connection_pool.get_connection()
     writer = _Writer(connection, prefix.encode())
     notify: list[str] = []
@@ -123,6 +123,8 @@ class _Writer:
         ]
         data = memoryview(entry.buffers()[2])
         count = len(ops)
+        if count == 0:  # every batch held was empty
+            return
         bounds = numpy.flatnonzero((numpy.diff(buckets) != 0) | (numpy.diff(ops) != 0)) + 1
         starts = [0, *bounds.tolist()]
         ends = [*bounds.tolist(), count]

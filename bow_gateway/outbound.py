@@ -366,6 +366,9 @@ class SocketOutbound:
             raw = await call_user_function(criteria_fn, details, timeout)
         except TimeoutError:
             raise _Refusal(f"{describe(criteria_fn)} did not answer within {timeout:g} s") from None
+        except LookupError as error:  # the middleware does not know this listener: say so
+            logger.info("%s refused listener %r: %s", describe(criteria_fn), listener_id, error)
+            raise _Refusal(str(error)) from None
         except Exception:
             logger.exception("%s raised for listener %r", describe(criteria_fn), listener_id)
             raise _Refusal(f"no criteria could be built for listener {listener_id!r}") from None

@@ -1,7 +1,7 @@
 """Criteria precomputed by ``bow-gateway criteria-job``, read from Redis: one ``HGET`` per listener.
 
 The job writes every listener's criteria into a snapshot of bucket hashes and points
-``{namespace}:criteria:live`` at it (see :mod:`bow_gateway.criteria_snapshot`). This middleware
+``{{namespace}:criteria}:live`` at it (see :mod:`bow_gateway.criteria_snapshot`). This middleware
 reads the pointer (cached, re-read when a snapshot goes live), then the listener's field. An id
 the snapshot does not hold is refused (the socket gets an ``alert``), or handed to ``fallback``.
 

@@ -490,6 +490,19 @@ async def test_criteria_fn_raising_is_refused(
     assert "criteria" in alert and "BAD" in alert, alert
 
 
+async def test_criteria_fn_raising_lookup_error_is_refused_with_its_message(
+    serve: Callable[[Bow], Awaitable[Gateway]],
+) -> None:
+    # A middleware that does not know a listener (the precomputed one) says so to the client.
+    criteria_fn = lobby_or(raise_(LookupError("listener 'BAD' has no precomputed criteria")))
+    gateway = await serve(plugin_bow(lambda t: {"id": t.upper()}, criteria_fn))
+    bystander = await gateway.listener("good")
+    victim = await gateway.connect()
+    await victim.client.emit("authenticate", ("bad",), callback=lambda *_: None)
+    alert = await refused_alone(gateway, victim, bystander, [{"room": "lobby"}])
+    assert alert == "listener 'BAD' has no precomputed criteria"
+
+
 @pytest.mark.parametrize(
     "criteria",
     [

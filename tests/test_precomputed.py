@@ -274,4 +274,4 @@ async def test_the_standalone_configuration_builds_it(server: RedisServer, tmp_p
     bow = build_bow(load_settings(str(path), environ={}))
     [middleware] = bow._middlewares.values()
     assert isinstance(middleware, PrecomputedCriteria)
-    assert middleware.layout.live_key == "bow:criteria:live"
+    assert middleware.layout.live_key == "{bow:criteria}:live"
