@@ -191,6 +191,7 @@ class SocketOutbound:
         self.metrics = metrics or Metrics()
         self.connections: dict[str, Connection] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._refreshes: dict[str, int] = {}  # per middleware version: refreshes begun
         self.sio = _Server(
             self,
             async_mode="aiohttp",
@@ -321,6 +322,8 @@ class SocketOutbound:
             return
         connection.authenticating = True
         outbound = connection.outbound
+        version = outbound.middleware_version
+        refreshes = self._refreshes.get(version, 0)
         try:
             details, criteria = await self._criteria_for(outbound, args[0])
         except _Refusal as refusal:
@@ -342,8 +345,13 @@ class SocketOutbound:
         self.metrics.sockets_authenticated.labels(outbound.version).inc()
         logger.info("socket %s authenticated as listener %r", sid, listener_id)
         await self.sio.send_ack(eio_sid, ack_id)
+        if self._refreshes.get(version, 0) != refreshes:
+            # The middleware announced a change while these criteria were read (and skipped
+            # this listener, not indexed yet): they may be stale, read them again.
+            await self.refresh(version, [listener_id])
+            criteria = self._indices[version].criteria_of(listener_id) or criteria
         try:
-            await self._publish(CriteriaEvent(outbound.middleware_version, listener_id, criteria))
+            await self._publish(CriteriaEvent(version, listener_id, criteria))
         except Exception as error:  # noqa: BLE001 - the socket is served here all the same
             logger.warning("could not share the criteria of listener %r: %s", listener_id, error)
 
@@ -385,6 +393,7 @@ class SocketOutbound:
         Nobody is disconnected: a listener whose criteria can no longer be built keeps only
         ``__id``, so it stops receiving what its old criteria matched. Returns how many changed.
         """
+        self._refreshes[middleware_version] = self._refreshes.get(middleware_version, 0) + 1
         index = self._indices[middleware_version]
         criteria_fn = self._middlewares[middleware_version]
         changed = 0

@@ -309,3 +309,56 @@ async def test_middleware_that_watches_re_indexes_listeners_without_reconnecting
     finally:
         await alice.close()
         await bob.close()
+
+
+class _SlowTableCriteria(_TableCriteria):
+    """Reads its table at once, then answers only when ``release`` is set."""
+
+    def __init__(self, table: dict[str, dict[str, Any]]) -> None:
+        import asyncio
+
+        super().__init__(table)
+        self.reading = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, details: Any) -> dict[str, Any]:  # type: ignore[override]
+        criteria = super().__call__(details)
+        self.reading.set()
+        await self.release.wait()
+        return criteria
+
+
+async def test_a_change_announced_while_a_listener_authenticates_is_not_lost(
+    start_bow: StartBow,
+) -> None:
+    # Regression: the refresh skipped the listener (not indexed yet), and the criteria read
+    # before the change were indexed afterwards: stale until the next change.
+    import asyncio
+
+    from .support import Listener
+
+    middleware = _SlowTableCriteria({"carol": {"role": "reader"}})
+    bow = await start_bow(
+        Bow(base_config())
+        .middleware(version="1", create_criteria_from_listener_details=middleware)
+        .inbound(path="/in", create_message_from_request_body=message, middleware_version="1")
+        .outbound(version="1", create_listener_details_from_token=listener, middleware_version="1")
+    )
+    carol = Listener(f"http://127.0.0.1:{bow.port}")
+    await carol.connect("1")
+    try:
+        authenticated = asyncio.ensure_future(carol.authenticate("carol"))
+        await asyncio.wait_for(middleware.reading.wait(), 5)  # read: reader
+        middleware.table = {"carol": {"role": "admin"}}
+        middleware.changes.put_nowait(["carol"])
+        await asyncio.sleep(0.2)  # the refresh runs now, and finds carol not indexed yet
+        middleware.release.set()
+        await authenticated
+        index = bow._outbound._indices["1"]  # type: ignore[union-attr]
+        for _ in range(100):
+            if index.criteria_of("carol") == {"role": "admin", "__id": "carol"}:
+                break
+            await asyncio.sleep(0.02)
+        assert index.criteria_of("carol") == {"role": "admin", "__id": "carol"}
+    finally:
+        await carol.close()
