@@ -374,8 +374,9 @@ def _full(
     except BaseException:
         _abandon(store, snapshot, buckets)
         raise
-    if live is not None and live.state is not None:
-        _delete(spark, live.state)
+    if state is not None:
+        assert config.state_dir is not None
+        _sweep_states(spark, config.state_dir, keep=state)
     progress(
         f"snapshot {snapshot} is live; the previous one expires in {config.grace_seconds:g} s"
         if live
@@ -449,8 +450,8 @@ def _incremental(
     progress(f"{stats['listeners']:,} changed, {stats['removed']:,} removed and notified")
     state = _save_state(spark, new, config, live.snapshot)
     store.update_live(Live(live.snapshot, live.buckets, state, live.keys))
-    assert live.state is not None
-    _delete(spark, live.state)
+    assert config.state_dir is not None
+    _sweep_states(spark, config.state_dir, keep=state)
     return Summary(
         "incremental",
         live.snapshot,
@@ -522,9 +523,21 @@ def _exists(spark: SparkSession, path: str) -> bool:
     return bool(filesystem.exists(hadoop_path))
 
 
-def _delete(spark: SparkSession, path: str) -> None:
-    filesystem, hadoop_path = _hadoop_path(spark, path)
-    filesystem.delete(hadoop_path, True)
+_STATE_NAME: Final = re.compile(r"\d{8}T\d{6}Z[0-9a-f]{4}-[0-9a-f]{4}")
+"""The folders :func:`_save_state` makes (anything else in ``state_dir`` is left alone)."""
+
+
+def _sweep_states(spark: SparkSession, state_dir: str, keep: str) -> None:
+    """Delete the state folders of earlier runs, also those a crashed run left, but ``keep``."""
+    filesystem, folder = _hadoop_path(spark, state_dir)
+    if not filesystem.exists(folder):
+        return
+    keep_name = keep.rstrip("/").rsplit("/", 1)[-1]
+    for status in filesystem.listStatus(folder):
+        path = status.getPath()
+        name = str(path.getName())
+        if name != keep_name and _STATE_NAME.fullmatch(name):
+            filesystem.delete(path, True)
 
 
 def _warn_listpack(

@@ -447,9 +447,16 @@ def test_an_incremental_run_that_fails_while_writing_makes_the_next_run_a_full_o
     client.delete(broken)
     live = Live.from_json(client.get(layout.live_key))
     assert live is not None and live.state is None
+    (tmp_path / "state" / "not-ours").mkdir()  # the sweep leaves what it did not make
     summary = run(document, spark, incremental=True)
     assert summary.mode == "full"
     assert contents(client, namespace) == expected(changed)
+    live = Live.from_json(client.get(layout.live_key))
+    assert live is not None and live.state is not None
+    # the crashed run's predecessor's state is swept with the rest
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == sorted(
+        [Path(live.state).name, "not-ours"]
+    )
 
 
 def test_one_run_at_a_time_and_a_killed_run_is_cleaned_up_by_the_next(
