@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -18,9 +17,7 @@ from typing import Any, Final
 from urllib.parse import parse_qs
 
 import socketio
-from aiohttp import web
 from engineio import packet as eio_packet
-from engineio.async_drivers import aiohttp as eio_aiohttp
 from socketio import packet as sio_packet
 
 from .criteria import ID_KEY, Criteria, ListenerId, validate_criteria, validate_listener_details
@@ -28,6 +25,7 @@ from .index import CriteriaIndex
 from .message import DISCONNECT, CriteriaEvent, Event, MessageEvent, dumps
 from .metrics import Metrics
 from .userfn import call_user_function, describe
+from .websocket import WebSocketDriver, make_lean, websocket_frame
 
 logger = logging.getLogger("bow_gateway.outbound")
 
@@ -48,57 +46,6 @@ class OutboundSpec:
     middleware_version: str
 
 
-def websocket_text_frame(data: bytes) -> bytes:
-    """An unmasked, uncompressed, final WebSocket text frame (RFC 6455 section 5.2)."""
-    length = len(data)
-    if length < 126:
-        return bytes((0x81, length)) + data
-    if length < 65_536:
-        return struct.pack("!BBH", 0x81, 126, length) + data
-    return struct.pack("!BBQ", 0x81, 127, length) + data
-
-
-class _WebSocket(eio_aiohttp.WebSocket):  # type: ignore[misc]
-    """python-engineio's aiohttp websocket, without permessage-deflate, its transport known.
-
-    Compression costs a zlib context per socket (~100 KB with clients that negotiate it, as
-    socket.io-client does) and a compression per frame per socket, for frames that are small.
-    """
-
-    async def __call__(self, environ: dict[str, Any]) -> web.WebSocketResponse:
-        request = environ["aiohttp.request"]
-        self._sock = web.WebSocketResponse(
-            max_msg_size=self.server.max_http_buffer_size, compress=False
-        )
-        await self._sock.prepare(request)
-        self.environ = environ
-        self.handler.__self__.bow_transport = request.transport  # the engineio socket's
-        await self.handler(self)
-        return self._sock
-
-
-class _GoDirect(eio_packet.Packet):  # type: ignore[misc]
-    """An Engine.IO NOOP that hands a websocket over to direct writes when engineio sends it.
-
-    Until then the socket's messages wait in ``connection.pending``; engineio's writer encodes
-    this packet only once every packet queued before it has been written, so writing the
-    pending frames then, and every later frame straight to the transport, keeps their order.
-    """
-
-    def __init__(self, connection: Connection, transport: asyncio.Transport) -> None:
-        super().__init__(eio_packet.NOOP)
-        self._connection = connection
-        self._transport = transport
-
-    def encode(self, b64: bool = False) -> Any:
-        connection, transport = self._connection, self._transport
-        if connection.pending is not None and not transport.is_closing():
-            transport.write(b"".join(connection.pending))
-        connection.pending = None
-        connection.transport = transport
-        return super().encode(b64)
-
-
 class Connection:
     """One Socket.IO connection, from connect to disconnect."""
 
@@ -109,7 +56,6 @@ class Connection:
         "eio_sid",
         "listener_id",
         "outbound",
-        "pending",
         "sid",
         "timer",
         "transport",
@@ -124,10 +70,8 @@ class Connection:
         self.authenticating = False
         self.closing: str | None = None  # why the gateway is closing it (refused, slow, ...)
         self.timer: asyncio.TimerHandle | None = None
-        # Messages go through engineio's queue until a websocket is handed over to direct
-        # writes (see _GoDirect): then ``transport`` is set; meanwhile they wait in ``pending``.
+        # Set once the socket is a websocket (LeanSocket.transport): frames are written to it.
         self.transport: asyncio.Transport | None = None
-        self.pending: list[bytes] | None = None
 
 
 class _Server(socketio.AsyncServer):  # type: ignore[misc]
@@ -151,6 +95,10 @@ class _Server(socketio.AsyncServer):  # type: ignore[misc]
                 self._outbound.spawn(self._outbound.authenticate(sid, eio_sid, data[1:], id))
             return
         # Any other event from a client is ignored: clients only listen.
+
+    async def _handle_eio_connect(self, eio_sid: str, environ: Any) -> None:
+        make_lean(self.eio, eio_sid)
+        await super()._handle_eio_connect(eio_sid, environ)
 
     async def _handle_eio_message(self, eio_sid: str, data: Any) -> None:
         try:
@@ -201,7 +149,7 @@ class SocketOutbound:
             logger=False,
             engineio_logger=False,
         )
-        self.sio.eio._async = {**self.sio.eio._async, "websocket": _WebSocket}
+        self.sio.eio._async = {**self.sio.eio._async, "websocket": WebSocketDriver}
         self.sio.on("connect", self._connect)
         self.sio.on("connect", self._refuse_namespace, namespace="*")
         self.sio.on("disconnect", self._disconnect)
@@ -445,7 +393,7 @@ class SocketOutbound:
         data = [message.name, message.payload] if message.has_payload else [message.name]
         encoded = b"2" + dumps(data)  # a Socket.IO EVENT on "/", as python-socketio encodes it
         packet = eio_packet.Packet(eio_packet.MESSAGE, encoded.decode())
-        frame = websocket_text_frame(b"4" + encoded)  # an Engine.IO MESSAGE
+        frame = websocket_frame(b"4" + encoded)  # an Engine.IO MESSAGE
         written = 0
         for connection in connections:
             if connection.closing is not None:  # refused or gone meanwhile
@@ -468,23 +416,15 @@ class SocketOutbound:
     async def _send_queued(
         self, connection: Connection, packet: eio_packet.Packet, frame: bytes
     ) -> bool:
-        """Deliver through engineio's queue (long-polling, or a websocket not handed over yet)."""
-        if connection.pending is not None:  # a _GoDirect is on its way
-            if len(connection.pending) >= self._max_queued_frames:
-                self._too_slow(connection, f"{self._max_queued_frames} messages")
-                return False
-            connection.pending.append(frame)
-            return True
+        """Deliver to a socket not known as a websocket yet: through engineio's queue while it
+        is long-polling (or upgrading), else straight to its transport from now on."""
         socket = self.sio.eio.sockets.get(connection.eio_sid)
         if socket is None or socket.closed:
             return False
-        transport = getattr(socket, "bow_transport", None)
-        if transport is not None and socket.upgraded and not socket.upgrading:
-            connection.pending = [frame]
-            await socket.send(_GoDirect(connection, transport))
-            if socket.closed:  # engineio found it timed out and dropped the packet
-                connection.pending = None
-                return False
+        transport = getattr(socket, "transport", None)
+        if transport is not None:
+            connection.transport = transport
+            socket.write(frame)
             return True
         if socket.queue.qsize() >= self._max_queued_frames:
             self._too_slow(connection, f"{self._max_queued_frames} messages")

@@ -1,0 +1,182 @@
+"""Engine.IO's websocket transport, lean: no task, queue or timer per packet, no compression.
+
+python-engineio serves a websocket with a reader loop that starts a task and a ``wait_for`` per
+packet received, a writer task that waits on a queue (another ``wait_for`` and task per wake-up)
+and a task per socket per ping: at 10,000 sockets, most of the gateway's objects, memory and
+idle CPU. :class:`LeanSocket` keeps engineio's protocol and its server's bookkeeping, and
+replaces that machinery for the websocket transport: one reader loop (the websocket's own
+request task), packets written straight to the transport, pings from a timer. Long-polling
+sockets behave exactly as engineio's.
+
+The seams it relies on are python-engineio 4.x's (pinned in setup.cfg): the server's
+``_async["websocket"]`` driver, :class:`engineio.async_socket.AsyncSocket`'s methods, and
+python-socketio's ``_handle_eio_connect``, where :func:`make_lean` turns each new socket into a
+:class:`LeanSocket` before its first ping or websocket handshake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from typing import Any
+
+from aiohttp import web
+from engineio import exceptions as eio_exceptions
+from engineio import packet as eio_packet
+from engineio.async_drivers import aiohttp as eio_aiohttp
+from engineio.async_socket import AsyncSocket
+
+
+def websocket_frame(data: bytes, binary: bool = False) -> bytes:
+    """An unmasked, uncompressed, final WebSocket frame (RFC 6455 section 5.2)."""
+    first = 0x82 if binary else 0x81
+    length = len(data)
+    if length < 126:
+        return bytes((first, length)) + data
+    if length < 65_536:
+        return struct.pack("!BBH", first, 126, length) + data
+    return struct.pack("!BBQ", first, 127, length) + data
+
+
+def _frame_of(pkt: eio_packet.Packet) -> bytes:
+    encoded = pkt.encode()
+    if isinstance(encoded, bytes):
+        return websocket_frame(encoded, binary=True)
+    return websocket_frame(encoded.encode())
+
+
+class WebSocketDriver(eio_aiohttp.WebSocket):  # type: ignore[misc]
+    """engineio's aiohttp websocket, without permessage-deflate, its transport known.
+
+    Compression costs a zlib context per socket (~100 KB with clients that negotiate it, as
+    socket.io-client does) and a compression per frame per socket, for frames that are small.
+    """
+
+    async def __call__(self, environ: dict[str, Any]) -> web.WebSocketResponse:
+        request = environ["aiohttp.request"]
+        self._sock = web.WebSocketResponse(
+            max_msg_size=self.server.max_http_buffer_size, compress=False
+        )
+        await self._sock.prepare(request)
+        self.environ = environ
+        self.transport = request.transport
+        await self.handler(self)
+        return self._sock
+
+
+class LeanSocket(AsyncSocket):  # type: ignore[misc]
+    """An engineio socket whose websocket transport needs no task per packet (module doc)."""
+
+    transport: asyncio.Transport | None = None
+    """Set while the socket is a websocket: what is sent is written straight to it."""
+    _websocket: Any = None
+    _ping_timer: asyncio.TimerHandle | None = None
+    _closer: asyncio.Future[Any] | None = None
+    # engineio's own state, set by its constructor
+    last_ping: float | None
+    connected: bool
+    upgraded: bool
+    upgrading: bool
+    closing: bool
+    closed: bool
+
+    def write(self, frame: bytes) -> bool:
+        """Write a whole WebSocket frame now, if the socket is an open websocket."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return False
+        transport.write(frame)
+        return True
+
+    async def send(self, pkt: eio_packet.Packet) -> None:
+        if self.transport is None:
+            await super().send(pkt)  # long-polling, or not upgraded yet: engineio's queue
+        elif await self.check_ping_timeout():
+            self.write(_frame_of(pkt))
+
+    def schedule_ping(self) -> None:
+        if self.last_ping:  # the previous ping was answered (or none was sent)
+            self.last_ping = None
+            loop = asyncio.get_running_loop()
+            self._ping_timer = loop.call_later(self.server.ping_interval, self._ping)
+
+    def _ping(self) -> None:
+        self._ping_timer = None
+        if self.closing or self.closed:
+            return
+        self.last_ping = time.time()
+        if not self.write(_frame_of(eio_packet.Packet(eio_packet.PING))):
+            self.queue.put_nowait(eio_packet.Packet(eio_packet.PING))  # long-polling
+
+    async def close(self, wait: bool = True, abort: bool = False, reason: Any = None) -> None:
+        if self._ping_timer is not None:
+            self._ping_timer.cancel()
+            self._ping_timer = None
+        await super().close(wait=wait, abort=abort, reason=reason)
+        websocket = self._websocket
+        if websocket is not None and not websocket._sock.closed:
+            # engineio's writer task used to close it: the reader loop then ends
+            self._closer = asyncio.ensure_future(websocket.close())
+
+    async def _websocket_handler(self, ws: Any) -> None:
+        """Engine.IO over this websocket: the upgrade handshake, then one reader loop."""
+        if self.connected:  # an upgrade from long-polling
+            self.upgrading = True  # engineio queues what is sent meanwhile
+            try:
+                probe = eio_packet.Packet(encoded_packet=await ws.wait())
+                if probe.packet_type != eio_packet.PING or probe.data != "probe":
+                    self.upgrading = False
+                    return
+                await ws.send(eio_packet.Packet(eio_packet.PONG, data="probe").encode())
+                await self.queue.put(eio_packet.Packet(eio_packet.NOOP))  # ends the poll
+                upgrade = eio_packet.Packet(encoded_packet=await ws.wait())
+            except (OSError, ValueError):
+                self.upgrading = False
+                return
+            if upgrade.packet_type != eio_packet.UPGRADE:
+                self.upgraded = self.upgrading = False
+                return
+            self.upgraded, self.upgrading = True, False
+        else:
+            self.connected = self.upgraded = True
+        # What waits in the queue (the OPEN packet, or what the long-polling client has not
+        # fetched) is written first, then everything goes straight to the transport: in order.
+        self._websocket = ws
+        self.transport = ws.transport
+        while not self.queue.empty():
+            pkt = self.queue.get_nowait()
+            self.queue.task_done()
+            if pkt is not None:
+                self.write(_frame_of(pkt))
+        await self._read(ws)
+        self.transport = None
+        await ws.close()
+        await self.close(wait=False, abort=True, reason=self.server.reason.TRANSPORT_CLOSE)
+
+    async def _read(self, ws: Any) -> None:
+        timeout = self.server.ping_interval + self.server.ping_timeout
+        limit = self.server.max_http_buffer_size
+        while True:
+            try:
+                async with asyncio.timeout(timeout):
+                    data = await ws.wait()
+            except (OSError, TimeoutError):
+                return
+            if data is None or len(data) > limit:
+                return
+            try:
+                await self.receive(eio_packet.Packet(encoded_packet=data))
+            except eio_exceptions.UnknownPacketError:
+                pass
+            except eio_exceptions.SocketIsClosedError:
+                return
+            except Exception:
+                self.server.logger.exception("Unknown receive error")
+
+
+def make_lean(server: Any, eio_sid: str) -> None:
+    """Turn engineio's new socket ``eio_sid`` into a :class:`LeanSocket` (same state, methods)."""
+    socket = server.sockets.get(eio_sid)
+    if type(socket) is AsyncSocket:
+        socket.__class__ = LeanSocket
