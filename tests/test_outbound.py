@@ -1005,3 +1005,44 @@ async def test_messages_keep_their_order_across_the_upgrade_to_websocket(
     received = [(await client.expect("tick"))["seq"] for _ in range(count)]
     assert received == list(range(count))
     assert client.client.transport() == "websocket"
+
+
+# -- heartbeats over the lean websocket transport -----------------------------------------------
+
+
+def short_heartbeats(gateway: Gateway) -> None:
+    """Engine.IO pings every second, answered within one (the default is 25 s and 20 s)."""
+    eio = gateway.bow._outbound.sio.eio  # type: ignore[union-attr]
+    eio.ping_interval, eio.ping_timeout = 1, 1
+
+
+async def test_pings_keep_an_idle_websocket_open(gateway: Gateway) -> None:
+    short_heartbeats(gateway)
+    client = await gateway.jwt_listener("USER/1")
+    await asyncio.sleep(3.5)  # three pings, answered by the client
+    assert client.client.connected
+    await gateway.sentinel([{"__id": "USER/1"}], client)
+
+
+async def test_a_websocket_that_stops_answering_pings_is_closed_and_no_other(
+    gateway: Gateway, http: aiohttp.ClientSession
+) -> None:
+    short_heartbeats(gateway)
+    bystander = await gateway.jwt_listener("USER/1")
+    silent = await raw_websocket_listener(http, gateway.url, token("USER/2"))
+    try:
+        pings = 0
+        while True:  # reads (so its buffers never fill) but never answers "2" with "3"
+            message = await silent.receive(timeout=WAIT)
+            if message.type != aiohttp.WSMsgType.TEXT:
+                break
+            pings += message.data == "2"
+        assert pings >= 1
+        # engineio's ping check or the reader's silence timeout, whichever comes first
+        timed_out = await metric(gateway, 'bow_disconnects_total{reason="ping timeout"}')
+        silent_for = await metric(gateway, 'bow_disconnects_total{reason="transport close"}')
+        assert timed_out + silent_for == 1
+        assert bystander.client.connected
+        await gateway.sentinel([{"__id": "USER/1"}], bystander)
+    finally:
+        await silent.close()
