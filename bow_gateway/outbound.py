@@ -253,8 +253,8 @@ class SocketOutbound:
         # abort: no Engine.IO CLOSE packet, so that the client takes it for a lost connection
         # and reconnects, as it should when this instance goes away.
         await socket.close(wait=False, abort=abort, reason=self.sio.eio.reason.SERVER_DISCONNECT)
-        if socket.upgraded or abort:
-            await socket.queue.put(None)  # ends its writer (closing the websocket), or a poll
+        if not socket.upgraded and abort:
+            await socket.queue.put(None)  # ends a long-poll under way (a websocket is closed)
 
     # -- authentication ---------------------------------------------------------------------
 

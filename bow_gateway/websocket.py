@@ -90,12 +90,16 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
         return True
 
     async def send(self, pkt: eio_packet.Packet) -> None:
-        if self.transport is None:
+        if self.transport is not None:
+            if await self.check_ping_timeout():
+                self.write(_frame_of(pkt))
+        elif self._websocket is None:
             await super().send(pkt)  # long-polling, or not upgraded yet: engineio's queue
-        elif await self.check_ping_timeout():
-            self.write(_frame_of(pkt))
+        # else the websocket is ending: nothing would ever read the queue
 
     def schedule_ping(self) -> None:
+        if self.closing or self.closed:
+            return
         if self.last_ping:  # the previous ping was answered (or none was sent)
             self.last_ping = None
             loop = asyncio.get_running_loop()
@@ -106,8 +110,10 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
         if self.closing or self.closed:
             return
         self.last_ping = time.time()
-        if not self.write(_frame_of(eio_packet.Packet(eio_packet.PING))):
+        if self._websocket is None:
             self.queue.put_nowait(eio_packet.Packet(eio_packet.PING))  # long-polling
+        else:
+            self.write(_frame_of(eio_packet.Packet(eio_packet.PING)))
 
     async def close(self, wait: bool = True, abort: bool = False, reason: Any = None) -> None:
         if self._ping_timer is not None:
@@ -149,10 +155,13 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             self.queue.task_done()
             if pkt is not None:
                 self.write(_frame_of(pkt))
-        await self._read(ws)
-        self.transport = None
-        await ws.close()
-        await self.close(wait=False, abort=True, reason=self.server.reason.TRANSPORT_CLOSE)
+        try:
+            if not (self.closing or self.closed):  # it may have been closed while upgrading
+                await self._read(ws)
+        finally:  # also when aiohttp cancels the handler
+            self.transport = None
+            await self.close(wait=False, abort=True, reason=self.server.reason.TRANSPORT_CLOSE)
+            await ws.close()
 
     async def _read(self, ws: Any) -> None:
         timeout = self.server.ping_interval + self.server.ping_timeout
@@ -166,7 +175,11 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             if data is None or len(data) > limit:
                 return
             try:
-                await self.receive(eio_packet.Packet(encoded_packet=data))
+                pkt = eio_packet.Packet(encoded_packet=data)
+            except ValueError:  # not an Engine.IO packet: the connection is broken
+                return
+            try:
+                await self.receive(pkt)
             except eio_exceptions.UnknownPacketError:
                 pass
             except eio_exceptions.SocketIsClosedError:

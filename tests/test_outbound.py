@@ -1046,3 +1046,19 @@ async def test_a_websocket_that_stops_answering_pings_is_closed_and_no_other(
         await gateway.sentinel([{"__id": "USER/1"}], bystander)
     finally:
         await silent.close()
+
+
+@pytest.mark.parametrize("garbage", ["", "x"])
+async def test_a_frame_that_is_not_engine_io_closes_that_websocket_only(
+    gateway: Gateway, http: aiohttp.ClientSession, garbage: str
+) -> None:
+    bystander = await gateway.jwt_listener("USER/1")
+    victim = await raw_websocket_listener(http, gateway.url, token("USER/2"))
+    try:
+        await victim.send_str(garbage)
+        while (await victim.receive(timeout=WAIT)).type == aiohttp.WSMsgType.TEXT:
+            pass  # until the server closes it
+        assert bystander.client.connected
+        await gateway.sentinel([{"__id": "USER/1"}], bystander)
+    finally:
+        await victim.close()
