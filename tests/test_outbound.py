@@ -1004,7 +1004,12 @@ async def test_messages_keep_their_order_across_the_upgrade_to_websocket(
         await push
     received = [(await client.expect("tick"))["seq"] for _ in range(count)]
     assert received == list(range(count))
+    for _ in range(250):  # the upgrade runs in the background (on a loaded machine, later)
+        if client.client.transport() == "websocket":
+            break
+        await asyncio.sleep(0.02)
     assert client.client.transport() == "websocket"
+    await gateway.sentinel([{"__id": "USER/1"}], client)
 
 
 # -- heartbeats over the lean websocket transport -----------------------------------------------
