@@ -2,8 +2,8 @@
 
 Sockets connect with ``?v=VERSION``, emit ``authenticate`` with a token and an acknowledgement,
 and are then held in the criteria index of their outbound's middleware version. Each message is
-resolved once, framed once, and the same frame is queued on every matching socket without a task
-per recipient.
+resolved once, framed once, and the same bytes are written to every matching websocket without a
+task, a queue or an encoding per recipient (long-polling sockets go through engineio's queue).
 """
 
 from __future__ import annotations
@@ -392,7 +392,6 @@ class SocketOutbound:
             return
         data = [message.name, message.payload] if message.has_payload else [message.name]
         encoded = b"2" + dumps(data)  # a Socket.IO EVENT on "/", as python-socketio encodes it
-        packet = eio_packet.Packet(eio_packet.MESSAGE, encoded.decode())
         frame = websocket_frame(b"4" + encoded)  # an Engine.IO MESSAGE
         written = 0
         for connection in connections:
@@ -406,16 +405,14 @@ class SocketOutbound:
                     self._too_slow(connection, f"{self._max_buffered_bytes} bytes")
                     continue
                 transport.write(frame)
-            elif not await self._send_queued(connection, packet, frame):
+            elif not await self._send_queued(connection, encoded, frame):
                 continue
             written += 1
             if written % YIELD_EVERY == 0:
                 await asyncio.sleep(0)
         self.metrics.deliveries.inc(written)
 
-    async def _send_queued(
-        self, connection: Connection, packet: eio_packet.Packet, frame: bytes
-    ) -> bool:
+    async def _send_queued(self, connection: Connection, encoded: bytes, frame: bytes) -> bool:
         """Deliver to a socket not known as a websocket yet: through engineio's queue while it
         is long-polling (or upgrading), else straight to its transport from now on."""
         socket = self.sio.eio.sockets.get(connection.eio_sid)
@@ -429,7 +426,7 @@ class SocketOutbound:
         if socket.queue.qsize() >= self._max_queued_frames:
             self._too_slow(connection, f"{self._max_queued_frames} messages")
             return False
-        await socket.send(packet)
+        await socket.send(eio_packet.Packet(eio_packet.MESSAGE, encoded.decode()))
         return True
 
     def _too_slow(self, connection: Connection, waiting: str) -> None:
