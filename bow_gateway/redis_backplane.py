@@ -1,10 +1,12 @@
 """The Redis backplane: one Redis Stream carries every event of a gateway, in one order.
 
 Each event is one ``XADD`` (a single field, ``d``), the stream trimmed to about ``max_len``
-entries. Every instance reads the stream with ``XREAD BLOCK`` from the last id it has read, so
-after a lost connection it resumes where it stopped: nothing published meanwhile is skipped, and
-nothing is read twice. A failed publish is not retried: in the rare case where Redis applied it
-but the answer was lost, the event is delivered although :meth:`~RedisBackplane.publish` raised.
+entries; events published while an ``XADD`` is under way go together in one pipeline, in the
+order they were published. Every instance reads the stream with ``XREAD BLOCK`` from the last id
+it has read, so after a lost connection it resumes where it stopped: nothing published meanwhile
+is skipped, and nothing is read twice. A failed publish is not retried: in the rare case where
+Redis applied it but the answer was lost, the event is delivered although
+:meth:`~RedisBackplane.publish` raised.
 """
 
 from __future__ import annotations
@@ -80,12 +82,14 @@ class RedisBackplane(Backplane):
         self._retry_backoff = retry_backoff
         self._max_backoff = max_backoff
         self._publish_timeout = publish_timeout
+        self._trim: dict[str, Any] = {"maxlen": max_len, "approximate": True}
         self._client: Client | None = None
         self._closers: list[Callable[[], Awaitable[Any]]] = []
         self._cursor = _Cursor()
         self._healthy = False
-        self._reads: set[asyncio.Future[Any]] = set()
-        self._writes: set[asyncio.Future[None]] = set()
+        self._readers: set[asyncio.Task[Any]] = set()  # tasks inside a read disconnect() ends
+        self._pending: list[tuple[bytes, asyncio.Future[None]]] = []  # published, not yet sent
+        self._writer: asyncio.Task[None] | None = None  # sends the pending events, then ends
 
     @property
     def ready(self) -> bool:
@@ -110,12 +114,10 @@ class RedisBackplane(Backplane):
         if client is None:
             return
         self._healthy = False
-        if self._writes:
-            await asyncio.wait(set(self._writes))
-        for task in self._reads:
+        if self._writer is not None:
+            await asyncio.wait({self._writer})
+        for task in self._readers:
             task.cancel()
-        if self._reads:
-            await asyncio.wait(set(self._reads))
         for close in self._closers:
             await close()
 
@@ -124,11 +126,17 @@ class RedisBackplane(Backplane):
         client = self._client
         if client is None:
             raise BackplaneUnavailable("the gateway is not connected to Redis")
-        task = asyncio.ensure_future(self._xadd(client, data))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+        written = asyncio.get_running_loop().create_future()
+        self._pending.append((data, written))
+        if self._writer is None:
+            self._writer = asyncio.ensure_future(self._write(client))
         try:
-            await task
+            async with asyncio.timeout(self._publish_timeout):
+                await written  # on a timeout, cancelled: the writer then skips it if unsent
+        except TimeoutError:
+            exc = TimeoutError(f"no answer within {self._publish_timeout}s")
+            self._lost(exc, "writing to")
+            raise BackplaneUnavailable(f"Redis did not take the event: {exc}") from None
         except _FAILURES as exc:
             self._lost(exc, "writing to")
             raise BackplaneUnavailable(f"Redis did not take the event: {_reason(exc)}") from exc
@@ -172,13 +180,42 @@ class RedisBackplane(Backplane):
 
     # -- Redis commands -----------------------------------------------------------------------
 
-    async def _xadd(self, client: Client, data: bytes) -> None:
-        """Append ``data``: a task of its own, so that :meth:`disconnect` can wait for it."""
+    async def _write(self, client: Client) -> None:
+        """Send the pending events, a pipeline at a time, until none is left."""
+        batch: list[tuple[bytes, asyncio.Future[None]]] = []
         try:
-            async with asyncio.timeout(self._publish_timeout):
-                await client.xadd(self.key, {FIELD: data}, maxlen=self._max_len, approximate=True)
-        except TimeoutError:
-            raise TimeoutError(f"no answer within {self._publish_timeout}s") from None
+            while self._pending:
+                batch, self._pending = self._pending[: self._batch], self._pending[self._batch :]
+                batch = [(data, written) for data, written in batch if not written.done()]
+                try:
+                    async with asyncio.timeout(self._publish_timeout):
+                        results = await self._xadd(client, [data for data, _ in batch])
+                except TimeoutError:
+                    late = TimeoutError(f"no answer within {self._publish_timeout}s")
+                    results = [late] * len(batch)
+                except Exception as exc:  # noqa: BLE001 - each publisher raises it
+                    results = [exc] * len(batch)
+                for (_, written), result in zip(batch, results, strict=True):
+                    if written.done():
+                        continue
+                    if isinstance(result, Exception):
+                        written.set_exception(result)
+                    else:
+                        written.set_result(None)
+        finally:
+            self._writer = None
+            for _, written in [*batch, *self._pending]:  # cancelled midway: no one will send them
+                if not written.done():
+                    written.set_exception(OSError("the writer was stopped"))
+
+    async def _xadd(self, client: Client, events: list[bytes]) -> list[Any]:
+        """``XADD`` each event: one command alone (cheaper), else a pipeline."""
+        if len(events) == 1:
+            return [await client.xadd(self.key, {FIELD: events[0]}, **self._trim)]
+        pipeline = client.pipeline(transaction=False)
+        for data in events:
+            pipeline.xadd(self.key, {FIELD: data}, **self._trim)
+        return list(await pipeline.execute(raise_on_error=False))
 
     async def _xread(self, client: Client, cursor: _Cursor) -> Any:
         last = f"{cursor.last[0]}-{cursor.last[1]}"
@@ -250,19 +287,19 @@ class RedisBackplane(Backplane):
     # -- plumbing -----------------------------------------------------------------------------
 
     async def _unless_stopped(self, client: Client, start: Callable[[], Awaitable[T]]) -> T:
-        """Run ``start()`` as a task that :meth:`disconnect` may cancel; then raise ``_Stopped``."""
-        if self._client is not client:
+        """Await ``start()``; ``_Stopped`` if :meth:`disconnect` interrupts it (or came first)."""
+        task = asyncio.current_task()
+        if self._client is not client or task is None:
             raise _Stopped
-        task = asyncio.ensure_future(start())
-        self._reads.add(task)
+        self._readers.add(task)
         try:
-            await asyncio.wait({task})
+            return await start()
+        except asyncio.CancelledError:
+            if self._client is client or task.uncancel() > 0:  # not (only) disconnect()'s
+                raise
+            raise _Stopped from None
         finally:
-            self._reads.discard(task)
-            task.cancel()  # a no-op once done; when our caller is cancelled, the read goes too
-        if task.cancelled():
-            raise _Stopped
-        return task.result()
+            self._readers.discard(task)
 
     def _open(self) -> tuple[Client, list[Callable[[], Awaitable[Any]]]]:
         """A client for the ``redis`` setting, and what closes it."""
