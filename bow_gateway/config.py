@@ -103,6 +103,7 @@ class _ConfigSchema(Schema):
     redis = _RedisField(load_default=None, allow_none=True)
     namespace = fields.String(load_default="bow", validate=NON_EMPTY)
     reuse_port = fields.Boolean(load_default=False)
+    gc_freeze = fields.Boolean(load_default=False)
     drain_timeout = fields.Float(
         load_default=10.0,
         validate=validate.Range(min=0, min_inclusive=False, error="must be positive"),
@@ -124,6 +125,7 @@ class Config:
     redis: Any
     namespace: str
     reuse_port: bool
+    gc_freeze: bool
     drain_timeout: float
     backplane: dict[str, Any]
     metrics_port: int | None
@@ -168,6 +170,7 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         redis=data["redis"],
         namespace=data["namespace"],
         reuse_port=data["reuse_port"],
+        gc_freeze=data["gc_freeze"],
         drain_timeout=data["drain_timeout"],
         backplane=data["backplane"],
         metrics_port=data["metrics"].get("port"),

@@ -138,6 +138,7 @@ class SocketOutbound:
         self._max_buffered_bytes = max_buffered_bytes
         self.metrics = metrics or Metrics()
         self.connections: dict[str, Connection] = {}
+        self.connects = 0  # connections accepted so far
         self._tasks: set[asyncio.Task[None]] = set()
         self._refreshes: dict[str, int] = {}  # per middleware version: refreshes begun
         self.sio = _Server(
@@ -180,6 +181,7 @@ class SocketOutbound:
             self._auth_timeout, self._expire, connection
         )
         self.connections[sid] = connection
+        self.connects += 1
         self.metrics.sockets_connected.labels(outbound.version).inc()
         logger.info(
             "socket %s connected to outbound v%s from %s",

@@ -15,6 +15,7 @@ from aiohttp import web
 from .backplane import Backplane, backplane_from_config
 from .config import Config, load_config
 from .criteria import ListenerId
+from .gc_freeze import freeze_after_connects
 from .inbound import InboundSpec, basic_auth, health_handler, message_handler
 from .index import CriteriaIndex
 from .message import Event, MessageEvent, decode_event, encode_event
@@ -52,6 +53,7 @@ class Bow:
         self._consumer: asyncio.Task[None] | None = None
         self._reporter: asyncio.Task[None] | None = None
         self._lag_probe: asyncio.Task[None] | None = None
+        self._freezer: asyncio.Task[None] | None = None
 
     # -- registration -----------------------------------------------------------------------
 
@@ -149,6 +151,8 @@ class Bow:
         if config.log_interval:
             self._reporter = asyncio.create_task(self._log_listeners(config.log_interval))
         self._lag_probe = asyncio.create_task(self._probe_loop_lag())
+        if config.gc_freeze:
+            self._freezer = asyncio.create_task(freeze_after_connects(lambda: outbound.connects))
         try:
             self.port = await self._serve(self._app(publish, backplane), config.port)
             if config.metrics_port is not None:
@@ -260,12 +264,12 @@ class Bow:
         backplane, self._backplane = self._backplane, None
         if backplane is not None:
             await backplane.disconnect()
-        for task in [*self._watchers, self._reporter, self._lag_probe]:
+        for task in [*self._watchers, self._reporter, self._lag_probe, self._freezer]:
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._watchers, self._reporter, self._lag_probe = [], None, None
+        self._watchers, self._reporter, self._lag_probe, self._freezer = [], None, None, None
         if self._consumer is not None:
             # The backplane has ended its events: the consumer delivers what it holds, then ends.
             await self._consumer

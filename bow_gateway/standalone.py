@@ -221,6 +221,7 @@ def load_settings(path: str | None, environ: Mapping[str, str] = os.environ) -> 
     where = path or "the embedded default"
 
     config = {key: value for key, value in document.items() if key not in _PLUGIN_KEYS}
+    config.setdefault("gc_freeze", True)  # the command line owns its process
     environment = _apply_environment(config, environ)
     try:
         load_config(config)

@@ -1,0 +1,33 @@
+"""Keep long-lived objects out of CPython's full garbage collections, with ``gc.freeze()``.
+
+At 10,000 sockets a gateway holds about a million objects that the cyclic collector tracks, and
+a full collection walks every one of them: the event loop stalls for a second. Connections live
+for minutes or hours, so once they are open their objects are moved to the permanent generation,
+which collections skip. A closed connection's objects are still freed, by reference counting
+(the outbound leaves no reference cycle behind: ``tests/test_websocket.py`` checks it).
+
+Freezing is process-wide, so it is off unless the gateway owns its process (the ``gc_freeze``
+setting; ``bow-gateway serve`` turns it on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Callable
+
+
+async def freeze_after_connects(connects: Callable[[], int], interval: float = 1.0) -> None:
+    """Freeze what is alive after start-up, then each ``interval`` s in which sockets connected.
+
+    ``connects()`` counts the connections opened so far. The young generations are collected
+    first (cheap: they are small), so that only objects that survived them are frozen.
+    """
+    frozen_at: int | None = None
+    while True:
+        count = connects()
+        if count != frozen_at:
+            gc.collect(1)
+            gc.freeze()
+            frozen_at = count
+        await asyncio.sleep(interval)

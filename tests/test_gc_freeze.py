@@ -1,0 +1,72 @@
+"""Freezing long-lived objects out of the cyclic garbage collector's full collections."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+from collections.abc import Awaitable, Callable, Iterator
+
+import pytest
+
+from bow_gateway import Bow
+from bow_gateway.gc_freeze import freeze_after_connects
+
+from .support import Listener, base_config, standard_bow, token
+
+StartBow = Callable[[Bow], Awaitable[Bow]]
+
+
+@pytest.fixture(autouse=True)
+def _unfrozen() -> Iterator[None]:
+    """The permanent generation is process-wide: every test starts and ends with it empty."""
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+async def test_freezes_at_start_then_only_after_new_connections() -> None:
+    connects = 0
+    task = asyncio.create_task(freeze_after_connects(lambda: connects, interval=0.01))
+    try:
+        await until(lambda: gc.get_freeze_count() > 0)  # at start
+        gc.unfreeze()
+        await asyncio.sleep(0.1)
+        assert gc.get_freeze_count() == 0  # nothing connected since
+        connects += 1
+        await until(lambda: gc.get_freeze_count() > 0)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_gateway_with_gc_freeze_freezes_its_connections(start_bow: StartBow) -> None:
+    bow = await start_bow(standard_bow(base_config(gc_freeze=True)))
+    await until(lambda: gc.get_freeze_count() > 0)
+    gc.unfreeze()
+    listener = Listener(f"http://127.0.0.1:{bow.port}")
+    try:
+        await listener.connect()
+        await listener.authenticate(token("frozen"))
+        await until(lambda: gc.get_freeze_count() > 0)
+    finally:
+        await listener.close()
+
+
+async def test_an_embedded_gateway_leaves_the_collector_alone(start_bow: StartBow) -> None:
+    bow = await start_bow(standard_bow())
+    listener = Listener(f"http://127.0.0.1:{bow.port}")
+    try:
+        await listener.connect()
+        await listener.authenticate(token("embedded"))
+        await asyncio.sleep(1.2)  # past the freezer's interval, had it run
+        assert gc.get_freeze_count() == 0
+    finally:
+        await listener.close()
