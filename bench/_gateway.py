@@ -1,8 +1,9 @@
 """The gateway that ``delivery_bench.py`` starts in a process of its own.
 
 The quick-start gateway (as ``tests/support.standard_bow`` builds it): the bundled JWT outbound
-v1.3, the claims middleware v1.1 and the pass-through inbound on ``/v1.2/messages``, one instance
-with the in-process backplane, or with ``--redis URL`` one instance of a gateway whose instances
+v1.3, the claims middleware v1.1 and the pass-through inbound on ``/v1.2/messages``, with
+``gc_freeze`` on as under ``bow-gateway serve`` (``--no-gc-freeze``: off), one instance with the
+in-process backplane, or with ``--redis URL`` one instance of a gateway whose instances
 share that Redis (``redis_bench.py`` starts one or two of them). Once serving, it prints one JSON
 line on stdout (``{"port": ..., "pid": ...}``), then runs until SIGTERM, SIGINT or the end of its
 stdin (so it never outlives the benchmark). SIGUSR1 starts cProfile, SIGUSR2 stops it and writes
@@ -12,7 +13,10 @@ It also takes commands, one a line, on its stdin, and answers each with one JSON
 ``gc`` (the cyclic garbage collector's collections per generation since the last ``gc``: count,
 total and longest pause, timed with ``gc.callbacks``), ``objects`` (how many objects the
 collector tracks; slow with millions), and two experiments that the gateway itself never does:
-``freeze`` (``gc.collect()`` then ``gc.freeze()``) and ``disable`` (``gc.disable()``).
+``freeze`` (``gc.collect()`` then ``gc.freeze()``) and ``disable`` (``gc.disable()``); for
+``fanout_bench.py``: ``stall`` (the longest lateness of a timer rescheduled every 10 ms since the
+last ``stall``, i.e. the longest event-loop stall, then reset) and ``sockets`` (sockets connected
+and authenticated, and the disconnects so far by reason, from the gateway's metrics).
 """
 
 from __future__ import annotations
@@ -48,10 +52,12 @@ def build(
     redis: str | None = None,
     namespace: str = "bow",
     port: int = 0,
+    gc_freeze: bool = True,
 ) -> Bow:
     config = {
         "port": port,
         "host": host,
+        "gc_freeze": gc_freeze,  # as under `bow-gateway serve`
         "redis": redis,
         "namespace": namespace,
         "inbound": {"realm": REALM, "username": USER, "password": PASSWORD},
@@ -108,7 +114,63 @@ class GcClock:
         return answer
 
 
-def answer(command: str, clock: GcClock) -> dict[str, object]:
+class StallProbe:
+    """A callback rescheduled every ``interval`` s that records how late the event loop ran it."""
+
+    def __init__(self, interval: float = 0.01) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._interval = interval
+        self._due = 0.0
+        self.reset()
+        self._schedule()
+
+    def reset(self) -> None:
+        self.longest = 0.0
+        self.ticks = 0
+        self.since = time.monotonic()
+
+    def _schedule(self) -> None:
+        self._due = self._loop.time() + self._interval
+        self._loop.call_at(self._due, self._tick)
+
+    def _tick(self) -> None:
+        self.longest = max(self.longest, self._loop.time() - self._due)
+        self.ticks += 1
+        self._schedule()
+
+    def report(self) -> dict[str, float]:
+        answer = {
+            "longest": self.longest,
+            "ticks": self.ticks,
+            "seconds": time.monotonic() - self.since,
+        }
+        self.reset()
+        return answer
+
+
+def socket_counts(bow: Bow) -> dict[str, object]:
+    """Sockets connected and authenticated now, and disconnects so far by reason (metrics)."""
+    counts: dict[str, float] = {"connected": 0.0, "authenticated": 0.0}
+    disconnects: dict[str, float] = {}
+    for metric in (bow.metrics.sockets_connected, bow.metrics.sockets_authenticated):
+        for family in metric.collect():
+            for sample in family.samples:
+                key = "connected" if sample.name == "bow_sockets_connected" else "authenticated"
+                counts[key] += sample.value
+    for family in bow.metrics.disconnects.collect():
+        for sample in family.samples:
+            if sample.name == "bow_disconnects_total":
+                disconnects[sample.labels["reason"]] = sample.value
+    return {**counts, "disconnects": disconnects}
+
+
+def answer(
+    command: str, clock: GcClock, probe: StallProbe | None = None, bow: Bow | None = None
+) -> dict[str, object]:
+    if command == "stall" and probe is not None:
+        return {"stall": probe.report()}
+    if command == "sockets" and bow is not None:
+        return {"sockets": socket_counts(bow)}
     if command == "gc":
         return {"gc": clock.report()}
     if command == "objects":
@@ -127,9 +189,16 @@ def answer(command: str, clock: GcClock) -> dict[str, object]:
 async def serve(args: argparse.Namespace) -> None:
     clock = GcClock()
     bow = build(
-        args.host, args.auth_timeout, args.max_queued_frames, args.redis, args.namespace, args.port
+        args.host,
+        args.auth_timeout,
+        args.max_queued_frames,
+        args.redis,
+        args.namespace,
+        args.port,
+        gc_freeze=not args.no_gc_freeze,
     )
     await bow.start()
+    probe = StallProbe()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -148,7 +217,8 @@ async def serve(args: argparse.Namespace) -> None:
             line, _, rest = bytes(pending).partition(b"\n")
             pending[:] = rest
             if line.strip():
-                print(json.dumps(answer(line.decode().strip(), clock)), flush=True)
+                reply = answer(line.decode().strip(), clock, probe, bow)
+                print(json.dumps(reply), flush=True)
 
     loop.add_reader(sys.stdin.fileno(), stdin_readable)
 
@@ -189,6 +259,9 @@ def main() -> None:
     parser.add_argument("--redis", help="a redis:// URL: the Redis backplane instead of memory")
     parser.add_argument("--namespace", default="bow", help="the Redis namespace (with --redis)")
     parser.add_argument("--port", type=int, default=0, help="0: any free port")
+    parser.add_argument(
+        "--no-gc-freeze", action="store_true", help="gc_freeze off (`serve` turns it on)"
+    )
     args = parser.parse_args()
     raise_open_files_limit()
     logging.basicConfig(level=logging.WARNING, format="gateway: %(levelname)s %(message)s")

@@ -1,0 +1,976 @@
+"""Fan-out benchmark: L lean websocket clients, audiences of 1 listener, 10% and 100%.
+
+Run:  .venv/bin/python bench/fanout_bench.py [--sockets 1000,10000] [--duration 30] [--redis]
+      .venv/bin/python bench/fanout_bench.py --sockets 1000 --duration 5 --short-duration 3
+
+A plain script, not a test. For every L in ``--sockets`` it starts a fresh gateway
+(``_gateway.py``: JWT outbound v1.3, claims middleware, pass-through inbound on /v1.2/messages,
+the in-process backplane, or with ``--redis`` the Redis backplane on a private redis-server),
+pinned to CPU 0 with ``taskset``; this process, the load generator, pins itself (and the
+redis-server) to CPU 1. It opens L websocket connections with a Socket.IO client of its own,
+written on asyncio Protocols (no python-socketio: this one costs a few µs per received frame):
+HTTP upgrade to ``/socket.io/?EIO=4&transport=websocket&v=v1.3``, Engine.IO OPEN, Socket.IO
+CONNECT ``40``, ``420["authenticate", <JWT>]`` and its ack ``430[]``; it answers pings and masks
+its frames. Listener i has the criteria ``{"all": true, "g10": i % 10 == 0, "role": ...}`` as in
+``delivery_bench.py``. Then these phases, POSTed to the inbound over keep-alive connections:
+
+- light load (one message in flight: the next is POSTed once every recipient has the last):
+  ``[{"__id": <random>}]`` (1 listener), ``[{"g10": true}]`` (10%), ``[{"all": true}]`` (100%);
+- saturation (back to back, at most ``--window`` messages outstanding, i.e. not yet received by
+  every recipient; ``--window-one`` for 1 listener): the same three audiences, for
+  ``--short-duration`` s (1 listener, 10%) and ``--duration`` s (100%).
+
+Every message body carries its sequence number and ``time.monotonic_ns()`` taken just before its
+POST; all recipients receive identical bytes, so each distinct frame is parsed once (a dict keyed
+by the frame's bytes) and every receipt costs a dict look-up and an ``array.append`` of its
+latency (POST start to the client's ``data_received``, per delivery; CLOCK_MONOTONIC is
+system-wide). Per phase: deliveries/s (first POST to last receipt), p50/p99, the gateway's CPU
+per delivery and per message (utime + stime from /proc/<pid>/stat, 10 ms ticks), the load
+generator's own CPU (when it nears 100% it, not the gateway, is the bottleneck), sockets dropped
+(seen closing by the clients; disconnects counted by the gateway's metrics), and the gateway's
+longest event-loop stall (``_gateway.py``'s ``stall`` probe: a 10 ms timer's worst lateness) and
+longest garbage collection; and how busy each of the two cores was (/proc/stat, softirq included).
+Before the phases: the connect+authenticate rate and the gateway's RSS per connection (idle,
+before and after connecting); after them, every socket is closed at once from the client side,
+and the time the gateway takes to count them disconnected (and its stall meanwhile) is printed.
+For L = 10,000 it checks the target of the issue: 100% audience,
+30 s back to back, no socket dropped, longest stall under 100 ms, p99 under 1 s. The exit status
+is 1 when a socket was dropped (or could not connect).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import gc
+import hashlib
+import json
+import os
+import random
+import re
+import resource
+import struct
+import subprocess
+import sys
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import _common as common
+import _gateway as gateway
+import aiohttp
+import redis_bench
+from _redis import RedisServer
+from bow_gateway.outbounds.jwt import mint
+
+EVENT = "bench"
+WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+SOCKET_PATH = f"/socket.io/?EIO=4&transport=websocket&v={gateway.OUTBOUND_VERSION}"
+TARGET_SOCKETS, TARGET_STALL, TARGET_P99 = 10_000, 0.100, 1e9  # the issue's 100% target (s, ns)
+monotonic_ns = time.monotonic_ns
+
+
+# -- receipts ---------------------------------------------------------------------------------
+
+
+class Message:
+    """One message POSTed and not yet received by every socket it targets."""
+
+    __slots__ = ("key", "on_done", "remaining", "sent", "seq")
+
+    def __init__(self, seq: int, sent: int, remaining: int, on_done: Callable[[], None]) -> None:
+        self.seq = seq
+        self.sent = sent  # ns, monotonic, as the body says
+        self.remaining = remaining
+        self.on_done = on_done
+        self.key = b""  # the frame's payload, once a socket has received it
+
+
+class Books:
+    """The outstanding messages and every receipt, shared by all the clients of this process."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, Message] = {}
+        self.frames: dict[bytes, Message] = {}  # payload bytes -> message: one parse per frame
+        self.dropped: list[str] = []  # why each client lost its connection without our asking
+        self.closing = False  # the bench is closing every socket: not a drop
+        self.idle = asyncio.Event()
+        self.start_phase()
+
+    def start_phase(self) -> None:
+        self.latencies = array("q")  # ns, per delivery
+        self.late = 0  # receipts of a message no longer expected (duplicate, or abandoned)
+        self.last = 0  # ns, when the last outstanding message was complete
+        self.idle.set()
+
+    def expect(self, seq: int, sent: int, count: int, on_done: Callable[[], None]) -> Message:
+        message = self.pending[seq] = Message(seq, sent, count, on_done)
+        self.idle.clear()
+        return message
+
+    def first_receipt(self, payload: bytes, body: Any) -> Message | None:
+        """The first copy of a frame: its message, from now on found by the frame's bytes."""
+        seq = body.get("seq") if isinstance(body, dict) else None
+        message = self.pending.get(seq) if isinstance(seq, int) else None
+        if message is None:
+            self.late += 1
+            return None
+        message.sent = body["t"]
+        message.key = payload
+        self.frames[payload] = message
+        return message
+
+    def finish(self, message: Message, now: int) -> None:
+        self.frames.pop(message.key, None)
+        if self.pending.pop(message.seq, None) is not None:
+            self.last = now
+            message.on_done()
+        if not self.pending:
+            self.idle.set()
+
+
+# -- the lean Socket.IO client ----------------------------------------------------------------
+
+
+def client_frame(payload: bytes, opcode: int = 0x1) -> bytes:
+    """A final WebSocket frame, masked as every client frame must be (RFC 6455 section 5.3)."""
+    length = len(payload)
+    if length < 126:
+        header = bytes((0x80 | opcode, 0x80 | length))
+    elif length < 65_536:
+        header = struct.pack("!BBH", 0x80 | opcode, 0x80 | 126, length)
+    else:
+        header = struct.pack("!BBQ", 0x80 | opcode, 0x80 | 127, length)
+    key = os.urandom(4)
+    mask = int.from_bytes((key * (length // 4 + 1))[:length], "big")
+    return header + key + (int.from_bytes(payload, "big") ^ mask).to_bytes(length, "big")
+
+
+class LeanClient(asyncio.Protocol):
+    """One Socket.IO connection over a websocket: handshake, authentication, then counting.
+
+    ``ready`` is done once the gateway has acknowledged ``authenticate``. Every event frame of
+    the benchmark found in ``books.frames`` costs a dict look-up, an ``array.append`` and two
+    decrements; anything else (handshake, pings, a first copy) goes through ``_packet``.
+    """
+
+    def __init__(self, books: Books, host: str, token: str) -> None:
+        self.books = books
+        self.host = host
+        self.token = token
+        self.transport: asyncio.Transport | None = None
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.received = 0  # event frames of the benchmark
+        self.reason = ""  # why the gateway closed this socket, if it said
+        self.lost = False
+        self._accept = b""
+        self._upgraded = False
+        self._buffer = b""
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        key = base64.b64encode(os.urandom(16))
+        self._accept = base64.b64encode(hashlib.sha1(key + WS_GUID).digest())
+        transport.write(
+            f"GET {SOCKET_PATH} HTTP/1.1\r\nHost: {self.host}\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n".encode()
+            + b"Sec-WebSocket-Key: "
+            + key
+            + b"\r\n\r\n"
+        )
+
+    def data_received(self, data: bytes) -> None:
+        if self._buffer:
+            data = self._buffer + data
+            self._buffer = b""
+        if not self._upgraded:
+            data = self._upgrade(data)
+        if data:
+            rest = self._frames(data)
+            if rest:
+                self._buffer = rest
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        reason = self.reason or (f"{type(exc).__name__}: {exc}" if exc else "closed by the peer")
+        if not self.ready.done():
+            self.ready.set_exception(ConnectionError(reason))
+        elif not self.books.closing:
+            self.books.dropped.append(reason)
+
+    # the hot path
+
+    def _frames(self, data: bytes) -> bytes:
+        """Handle every whole frame of ``data``; return what is left of a partial one."""
+        now = monotonic_ns()
+        books = self.books
+        frames = books.frames
+        latencies = books.latencies
+        pos, end = 0, len(data)
+        while end - pos >= 2:
+            length = data[pos + 1]  # a server's frames are not masked
+            if length < 126:
+                start = pos + 2
+            elif length == 126:
+                if end - pos < 4:
+                    break
+                length = (data[pos + 2] << 8) | data[pos + 3]
+                start = pos + 4
+            else:
+                if end - pos < 10:
+                    break
+                length = int.from_bytes(data[pos + 2 : pos + 10], "big")
+                start = pos + 10
+            stop = start + length
+            if stop > end:
+                break
+            payload = data[start:stop]
+            message = frames.get(payload)
+            if message is None:
+                message = self._packet(data[pos] & 0x0F, payload)
+            if message is not None:
+                latencies.append(now - message.sent)
+                self.received += 1
+                message.remaining -= 1
+                if message.remaining == 0:
+                    books.finish(message, now)
+            pos = stop
+        return data[pos:]
+
+    # everything else
+
+    def _packet(self, opcode: int, payload: bytes) -> Message | None:
+        """A frame not seen before: returns its message if it is the first copy of one."""
+        if opcode == 0x1:
+            if payload == b"2":  # Engine.IO PING
+                self._send(b"3")
+            elif payload.startswith(b"42"):
+                return self._event(payload)
+            elif payload.startswith(b"43"):  # the ack of authenticate
+                if not self.ready.done():
+                    self.ready.set_result(None)
+            elif payload.startswith(b"40"):  # connected to "/"
+                self._send(b"420" + json.dumps(["authenticate", self.token]).encode())
+            elif payload.startswith(b"0"):  # Engine.IO OPEN
+                self._send(b"40")
+            elif payload.startswith((b"44", b"41", b"1")):
+                self.reason = self.reason or f"Socket.IO/Engine.IO {payload[:200]!r}"
+        elif opcode == 0x8:  # close
+            self.reason = self.reason or f"websocket close {payload[:2].hex()}"
+            self._send(payload[:2], 0x8)
+            if self.transport is not None:
+                self.transport.close()
+        elif opcode == 0x9:  # websocket ping
+            self._send(payload, 0xA)
+        return None
+
+    def _event(self, payload: bytes) -> Message | None:
+        try:
+            name, *args = json.loads(payload[2:])
+        except ValueError:
+            return None
+        if name != EVENT:  # e.g. "alert": why the gateway is about to close this socket
+            self.reason = f"{name}: {args}"
+            return None
+        return self.books.first_receipt(payload, args[0] if args else None)
+
+    def _upgrade(self, data: bytes) -> bytes:
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            self._buffer = data
+            return b""
+        head = data[:end]
+        if not head.startswith(b"HTTP/1.1 101") or self._accept not in head:
+            self.reason = f"websocket upgrade refused: {head[:200]!r}"
+            if self.transport is not None:
+                self.transport.close()
+            return b""
+        self._upgraded = True
+        return data[end + 4 :]
+
+    def _send(self, payload: bytes, opcode: int = 0x1) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(client_frame(payload, opcode))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def open_clients(
+    books: Books, host: str, port: int, n: int, concurrency: int
+) -> tuple[list[LeanClient], list[str]]:
+    """Connect and authenticate listeners 0..n-1, ``concurrency`` handshakes at a time."""
+    loop = asyncio.get_running_loop()
+    semaphore = asyncio.Semaphore(concurrency)
+    clients: list[LeanClient] = []
+    failures: list[str] = []
+    tokens = [
+        mint(redis_bench.listener_id(i), gateway.SECRET, criteria=redis_bench.criteria(i))
+        for i in range(n)
+    ]
+
+    async def open_one(i: int) -> None:
+        client = LeanClient(books, f"{host}:{port}", tokens[i])
+        async with semaphore:
+            try:
+                await loop.create_connection(lambda: client, host, port)
+                await asyncio.wait_for(client.ready, 60)
+            except (OSError, TimeoutError) as error:  # ConnectionError is an OSError
+                failures.append(f"{type(error).__name__}: {error}")
+                client.close()
+                return
+        clients.append(client)
+
+    await asyncio.gather(*(open_one(i) for i in range(n)))
+    return clients, failures
+
+
+# -- the lean HTTP client of the inbound ------------------------------------------------------
+
+CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:\s*(\d+)", re.IGNORECASE)
+
+
+class Poster(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection to the inbound: one POST at a time, its status back."""
+
+    def __init__(self, host: str, authorization: str) -> None:
+        self._head = (
+            f"POST {gateway.PATH} HTTP/1.1\r\nHost: {host}\r\nAuthorization: {authorization}\r\n"
+            "Content-Type: application/json\r\nContent-Length: "
+        ).encode()
+        self.transport: asyncio.Transport | None = None
+        self._waiter: asyncio.Future[int] | None = None
+        self._buffer = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        end = self._buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        length = CONTENT_LENGTH.search(self._buffer, 0, end + 2)
+        stop = end + 4 + (int(length.group(1)) if length else 0)
+        if len(self._buffer) < stop:
+            return
+        status = int(self._buffer[9:12])
+        self._buffer = self._buffer[stop:]
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(status)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(ConnectionError(f"the inbound closed: {exc}"))
+
+    @property
+    def usable(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    async def post(self, body: bytes) -> int:
+        assert self.transport is not None
+        self._waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(self._head + b"%d\r\n\r\n" % len(body) + body)
+        return await self._waiter
+
+
+class Posters:
+    """A pool of :class:`Poster` connections, reopened when the gateway has closed one."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._host, self._port = host, port
+        self._authorization = aiohttp.encode_basic_auth(gateway.USER, gateway.PASSWORD)
+        self._free: asyncio.Queue[Poster | None] = asyncio.Queue()
+
+    def grow(self, size: int) -> None:
+        for _ in range(size - self._free.qsize()):
+            self._free.put_nowait(None)  # opened on first use
+
+    async def post(self, body: bytes) -> int:
+        poster = await self._free.get()
+        try:
+            if poster is None or not poster.usable:
+                poster = Poster(f"{self._host}:{self._port}", self._authorization)
+                loop = asyncio.get_running_loop()
+                await loop.create_connection(lambda: poster, self._host, self._port)
+            return await poster.post(body)
+        finally:
+            self._free.put_nowait(poster)
+
+
+# -- phases -----------------------------------------------------------------------------------
+
+
+def cpu_busy() -> dict[int, tuple[float, float]]:
+    """Per CPU: (seconds not idle, of which in softirq), from /proc/stat: whether a core was
+    saturated, whoever used it (softirq: mostly the kernel's loopback TCP work)."""
+    result = {}
+    with open("/proc/stat", encoding="ascii") as stat:
+        for row in stat:
+            name, *fields = row.split()
+            if name.startswith("cpu") and name != "cpu":
+                ticks = [int(v) for v in fields[:8]]
+                busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
+                result[int(name[3:])] = (busy / common.CLOCK_TICKS, ticks[6] / common.CLOCK_TICKS)
+    return result
+
+
+def cpu_delta(
+    before: dict[int, tuple[float, float]], after: dict[int, tuple[float, float]]
+) -> dict[int, tuple[float, float]]:
+    return {cpu: (a[0] - before[cpu][0], a[1] - before[cpu][1]) for cpu, a in after.items()}
+
+
+@dataclass
+class Phase:
+    name: str
+    audience: Callable[[], bytes]  # a new message's audience, as JSON
+    expected: int  # sockets each message targets
+    window: int
+    duration: float | None = None  # seconds of sending, or
+    count: int | None = None  # messages
+
+
+@dataclass
+class Result:
+    phase: Phase
+    messages: int
+    expected: int
+    latencies: array[int]
+    post_times: array[int]
+    wall: float  # s, first POST to last receipt
+    cpu: dict[str, Any]  # Machine.delta: gateways, redis, loadgen, other (s)
+    stall: float  # s, the gateway's longest event-loop stall
+    gc_longest: float  # s, the gateway's longest garbage collection
+    cores: list[tuple[float, float]]  # the gateway's core, the load generator's: (busy, softirq) s
+    dropped: int  # sockets that saw their connection close
+    gateway_drops: dict[str, float]  # disconnects the gateway counted, by reason
+    late: int
+    errors: int  # POSTs not answered 204, and messages given up on
+
+    @property
+    def deliveries(self) -> int:
+        return len(self.latencies)
+
+    @property
+    def gateway_cpu(self) -> float:
+        return float(sum(self.cpu["gateways"]))
+
+    def rate_text(self) -> str:
+        return f"{self.deliveries / self.wall:,.0f}/s" if self.wall > 0 else "-"
+
+
+@dataclass
+class Run:
+    """One L: the gateway, its clients, and what they cost."""
+
+    sockets: int
+    gateways: redis_bench.Gateways
+    port: int
+    machine: redis_bench.Machine
+    books: Books
+    posters: Posters
+    cores: tuple[int, int]  # CPUs of the gateway and of the load generator
+    clients: list[LeanClient] = field(default_factory=list)
+    seq: int = 0  # global: a frame is never mistaken for one of an earlier phase
+
+    async def gateway(self, command: str) -> dict[str, Any]:
+        return (await self.gateways.command(command))[0]
+
+
+def disconnects(answer: dict[str, Any]) -> dict[str, float]:
+    return dict(answer["sockets"]["disconnects"])
+
+
+async def run_phase(run: Run, phase: Phase, drain: float) -> Result:
+    books = run.books
+    books.start_phase()
+    window = asyncio.Semaphore(phase.window)
+    run.posters.grow(phase.window * 2)  # a 204 may come after the last receipt of its message
+    post_times = array("q")
+    tasks: set[asyncio.Task[None]] = set()
+    errors = 0
+
+    async def post(message: Message, audience: bytes) -> None:
+        nonlocal errors
+        body = b'{"name":"%s","audience":%s,"seq":%d,"t":%d}' % (
+            EVENT.encode(),
+            audience,
+            message.seq,
+            message.sent,
+        )
+        try:
+            status = await run.posters.post(body)
+        except OSError:
+            status = 0
+        post_times.append(monotonic_ns() - message.sent)
+        if status != 204:
+            errors += 1
+            books.finish(message, books.last)
+
+    gateway_before = disconnects(await run.gateway("sockets"))
+    dropped_before = len(books.dropped)
+    await run.gateway("stall")
+    await run.gateway("gc")
+    cpus_before = cpu_busy()
+    before = run.machine.snapshot()
+    started = monotonic_ns()
+    deadline = started + int((phase.duration or 0) * 1e9)
+    sent = 0
+    while (phase.count is not None and sent < phase.count) or (
+        phase.duration is not None and monotonic_ns() < deadline
+    ):
+        try:
+            await asyncio.wait_for(window.acquire(), drain)
+        except TimeoutError:  # a message some socket never received: give up on it
+            errors += 1
+            if books.pending:
+                books.finish(books.pending[min(books.pending)], books.last)
+            await window.acquire()
+        run.seq += 1
+        sent += 1
+        message = books.expect(run.seq, monotonic_ns(), phase.expected, window.release)
+        task = asyncio.create_task(post(message, phase.audience()))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(books.idle.wait(), drain)
+    if tasks:
+        await asyncio.gather(*tasks)
+    after = run.machine.snapshot()
+    cpus = cpu_delta(cpus_before, cpu_busy())
+    cores = [cpus.get(cpu, (0.0, 0.0)) for cpu in run.cores]
+    stall = (await run.gateway("stall"))["stall"]["longest"]
+    gc_longest = max((await run.gateway("gc"))["gc"]["longest"])
+    gateway_after = disconnects(await run.gateway("sockets"))
+    errors += len(books.pending)
+    for message in list(books.pending.values()):  # never complete: forget them
+        books.finish(message, books.last)
+    return Result(
+        phase=phase,
+        messages=sent,
+        expected=sent * phase.expected,
+        latencies=books.latencies,
+        post_times=post_times,
+        wall=((books.last or monotonic_ns()) - started) / 1e9,
+        cpu=redis_bench.Machine.delta(before, after),
+        stall=stall,
+        gc_longest=gc_longest,
+        cores=cores,
+        dropped=len(books.dropped) - dropped_before,
+        gateway_drops={
+            reason: count - gateway_before.get(reason, 0)
+            for reason, count in gateway_after.items()
+            if count > gateway_before.get(reason, 0)
+        },
+        late=books.late,
+        errors=errors,
+    )
+
+
+def phases(args: argparse.Namespace, n: int, rng: random.Random) -> list[Phase]:
+    in_group = sum(1 for i in range(n) if redis_bench.criteria(i)["g10"])
+
+    def one() -> bytes:
+        return b'[{"__id":"%s"}]' % redis_bench.listener_id(rng.randrange(n)).encode()
+
+    def group() -> bytes:
+        return b'[{"g10":true}]'
+
+    def everyone() -> bytes:
+        return b'[{"all":true}]'
+
+    short, long = args.short_duration, args.duration
+    return [
+        Phase("light, 1 listener", one, 1, 1, count=args.light_one),
+        Phase("light, 10%", group, in_group, 1, count=args.light_group),
+        Phase("light, 100%", everyone, n, 1, count=args.light_all),
+        Phase("saturation, 1 listener", one, 1, args.window_one, duration=short),
+        Phase("saturation, 10%", group, in_group, args.window, duration=short),
+        Phase("saturation, 100%", everyone, n, args.window, duration=long),
+    ]
+
+
+# -- one L ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Connected:
+    sockets: int
+    opened: int
+    failures: list[str]
+    wall: float
+    gateway_cpu: float
+    loadgen_cpu: float
+    rss_before_kib: int
+    rss_after_kib: int
+    gateway_counts: dict[str, Any]  # what the gateway's metrics say once connected
+
+    @property
+    def rate(self) -> float:
+        return self.opened / self.wall if self.wall > 0 else float("nan")
+
+    @property
+    def rss_per_socket_kib(self) -> float:
+        return (self.rss_after_kib - self.rss_before_kib) / max(self.opened, 1)
+
+
+async def connect(run: Run, args: argparse.Namespace) -> Connected:
+    pid = run.gateways.pids[0]
+    await asyncio.sleep(args.idle)
+    rss_before = common.rss_kib(pid)["VmRSS"]
+    before = run.machine.snapshot()
+    started = time.perf_counter()
+    run.clients, failures = await open_clients(
+        run.books, args.host, run.port, run.sockets, args.connect_concurrency
+    )
+    wall = time.perf_counter() - started
+    used = redis_bench.Machine.delta(before, run.machine.snapshot())
+    gc.collect()
+    gc.freeze()  # this process's full collections stay out of the latencies
+    await asyncio.sleep(args.idle)
+    return Connected(
+        sockets=run.sockets,
+        opened=len(run.clients),
+        failures=failures,
+        wall=wall,
+        gateway_cpu=float(sum(used["gateways"])),
+        loadgen_cpu=used["loadgen"],
+        rss_before_kib=rss_before,
+        rss_after_kib=common.rss_kib(pid)["VmRSS"],
+        gateway_counts=(await run.gateway("sockets"))["sockets"],
+    )
+
+
+async def bench_one(
+    args: argparse.Namespace, n: int, gateways: redis_bench.Gateways, redis_pid: int | None
+) -> tuple[Connected, list[Result]]:
+    books = Books()
+    port = int(gateways.socket_urls[0].rsplit(":", 1)[1])
+    run = Run(
+        sockets=n,
+        gateways=gateways,
+        port=port,
+        machine=redis_bench.Machine(gateways.pids, redis_pid, []),
+        books=books,
+        posters=Posters(args.host, port),
+        cores=(args.server_cpu, args.client_cpu),
+    )
+    try:
+        connected = await connect(run, args)
+        print_connected(connected)
+        results: list[Result] = []
+        if not run.clients:
+            return connected, results
+        rng = random.Random(args.seed)
+        warm_up = Phase("warm-up", lambda: b'[{"all":true}]', len(run.clients), 2, count=3)
+        await run_phase(run, warm_up, args.drain)
+        for phase in phases(args, len(run.clients), rng):
+            result = await run_phase(run, phase, args.drain)
+            results.append(result)
+            print(
+                f"  {phase.name}: {result.deliveries:,} deliveries, {result.rate_text()}",
+                flush=True,
+            )
+        await disconnect_all(run)
+        return connected, results
+    finally:
+        books.closing = True
+        for client in run.clients:
+            client.close()
+
+
+async def disconnect_all(run: Run, limit: float = 120.0) -> None:
+    """Close every socket at once from the client side; time the gateway's bookkeeping of it."""
+    await run.gateway("stall")
+    await run.gateway("gc")
+    started = time.perf_counter()
+    run.books.closing = True
+    for client in run.clients:
+        client.close()
+    left = run.sockets
+    while left > 0 and time.perf_counter() - started < limit:
+        await asyncio.sleep(0.05)
+        left = (await run.gateway("sockets"))["sockets"]["connected"]
+    took = time.perf_counter() - started
+    stall = (await run.gateway("stall"))["stall"]["longest"]
+    collections = (await run.gateway("gc"))["gc"]
+    print(
+        f"  closed the {len(run.clients):,} sockets at once from the client side: the gateway "
+        f"counted them all disconnected after {took:.2f} s ({left:,.0f} left); meanwhile its "
+        f"longest event-loop stall was {common.human_ns(stall * 1e9)}, its cyclic GC took "
+        f"{sum(collections['seconds']):.2f} s ({collections['collections'][2]} full "
+        f"collections, longest {common.human_ns(max(collections['longest']) * 1e9)})",
+        flush=True,
+    )
+
+
+# -- reporting --------------------------------------------------------------------------------
+
+
+def pct(seconds: float, wall: float) -> str:
+    return f"{100 * seconds / wall:.0f}%" if wall > 0 else "-"
+
+
+def percentiles(latencies: array[int]) -> tuple[float, float]:
+    ordered = sorted(latencies)
+    return common.percentile(ordered, 0.5), common.percentile(ordered, 0.99)
+
+
+def print_connected(c: Connected) -> None:
+    print(
+        f"  connected and authenticated {c.opened:,} of {c.sockets:,} sockets in {c.wall:.2f} s "
+        f"({c.rate:,.0f}/s); gateway CPU {c.gateway_cpu * 1e3 / max(c.opened, 1):.2f} ms, load "
+        f"generator CPU {c.loadgen_cpu * 1e3 / max(c.opened, 1):.2f} ms per connection; gateway "
+        f"RSS idle {c.rss_before_kib / 1024:,.0f} MiB -> {c.rss_after_kib / 1024:,.0f} MiB "
+        f"({c.rss_per_socket_kib:,.1f} KiB per connection); the gateway counts "
+        f"{c.gateway_counts['connected']:,.0f} connected, "
+        f"{c.gateway_counts['authenticated']:,.0f} authenticated",
+        flush=True,
+    )
+    if c.failures:
+        print(f"  WARNING: {len(c.failures)} sockets could not connect; first: {c.failures[0]}")
+
+
+HEADERS = [
+    "phase",
+    "window",
+    "messages",
+    "deliveries",
+    "wall s",
+    "deliveries/s",
+    "p50",
+    "p99",
+    "POST p50",
+    "gateway CPU",
+    "gw µs/delivery",
+    "gw µs/message",
+    "loadgen CPU",
+    "loadgen µs/delivery",
+    "redis CPU",
+    "other CPU",
+    "gateway core busy (softirq)",
+    "loadgen core busy (softirq)",
+    "longest stall",
+    "longest GC",
+    "dropped (client/gateway)",
+]
+
+
+def result_row(r: Result) -> list[str]:
+    median, p99 = percentiles(r.latencies)
+    gw, loadgen = r.gateway_cpu, r.cpu["loadgen"]
+    missing = r.expected - r.deliveries
+    gateway_dropped = sum(r.gateway_drops.values())
+    return [
+        r.phase.name,
+        str(r.phase.window),
+        f"{r.messages:,}",
+        f"{r.deliveries:,}" + (f" ({missing:,} missing)" if missing > 0 else ""),
+        f"{r.wall:.2f}",
+        f"{r.deliveries / r.wall:,.0f}" if r.wall > 0 else "-",
+        common.human_ns(median),
+        common.human_ns(p99),
+        common.human_ns(common.percentile(sorted(r.post_times), 0.5)),
+        pct(gw, r.wall),
+        f"{gw * 1e6 / r.deliveries:.1f}" if r.deliveries else "-",
+        f"{gw * 1e6 / r.messages:.0f}" if r.messages else "-",
+        pct(loadgen, r.wall),
+        f"{loadgen * 1e6 / r.deliveries:.1f}" if r.deliveries else "-",
+        pct(r.cpu["redis"], r.wall),
+        pct(r.cpu["other"], r.wall),
+        *(f"{pct(busy, r.wall)} ({pct(softirq, r.wall)})" for busy, softirq in r.cores),
+        common.human_ns(r.stall * 1e9),
+        common.human_ns(r.gc_longest * 1e9),
+        f"{r.dropped}/{gateway_dropped:.0f}",
+    ]
+
+
+def print_results(n: int, results: list[Result]) -> None:
+    print(common.table(HEADERS, [result_row(r) for r in results]))
+    for r in results:
+        if r.gateway_drops:
+            print(f"  {r.phase.name}: the gateway disconnected {r.gateway_drops}")
+    late = sum(r.late for r in results)
+    errors = sum(r.errors for r in results)
+    if late or errors:
+        print(f"  late or duplicate receipts: {late}; failed POSTs or abandoned messages: {errors}")
+    busiest = max((100 * r.cpu["other"] / r.wall for r in results if r.wall >= 0.5), default=0)
+    if busiest > 10:
+        print(
+            f"  WARNING: other processes used up to {busiest:.0f}% of a CPU during a phase; "
+            "the figures are disturbed (the machine has 2 CPUs)"
+        )
+
+
+def check_target(n: int, results: list[Result]) -> None:
+    """The issue's target: 100% at 10,000 for 30 s, no drop, stall < 100 ms, p99 < 1 s."""
+    if n != TARGET_SOCKETS:
+        return
+    r = next(r for r in results if r.phase.name == "saturation, 100%")
+    _, p99 = percentiles(r.latencies)
+    dropped = r.dropped + sum(r.gateway_drops.values())
+    checks = [
+        (f"{r.phase.duration:g} s of sending (30 s asked)", (r.phase.duration or 0) >= 30),
+        (f"{dropped:.0f} sockets dropped", dropped == 0),
+        (f"longest stall {common.human_ns(r.stall * 1e9)} (< 100 ms)", r.stall < TARGET_STALL),
+        (f"p99 {common.human_ns(p99)} (< 1 s)", p99 < TARGET_P99),
+    ]
+    verdict = "MET" if all(ok for _, ok in checks) else "MISSED"
+    text = "; ".join(f"{what}: {'ok' if ok else 'NO'}" for what, ok in checks)
+    print(f"  target (100% audience at 10,000 listeners, back to back): {verdict}: {text}")
+
+
+def print_summary(runs: list[tuple[Connected, list[Result]]]) -> None:
+    rows = []
+    for c, results in runs:
+        by = {r.phase.name: r for r in results}
+
+        def cell(name: str, what: str, by: dict[str, Result] = by) -> str:
+            r = by.get(name)
+            if r is None or not r.deliveries:
+                return "-"
+            if what == "rate":
+                return f"{r.deliveries / r.wall:,.0f}" if r.wall > 0 else "-"
+            if what == "cpu":
+                return f"{r.gateway_cpu * 1e6 / r.deliveries:.1f}"
+            median, p99 = percentiles(r.latencies)
+            return f"{common.human_ns(median)} / {common.human_ns(p99)}"
+
+        rows.append(
+            [
+                f"{c.sockets:,}",
+                f"{c.rate:,.0f}/s",
+                f"{c.rss_per_socket_kib:.1f}",
+                *(cell(f"light, {a}", "lat") for a in ("1 listener", "10%", "100%")),
+                *(cell(f"saturation, {a}", "rate") for a in ("1 listener", "10%", "100%")),
+                *(cell(f"saturation, {a}", "cpu") for a in ("1 listener", "10%", "100%")),
+                cell("saturation, 100%", "lat"),
+                f"{max((r.stall for r in results), default=0) * 1e3:.0f} ms",
+                f"{sum(r.dropped for r in results)}/"
+                f"{sum(sum(r.gateway_drops.values()) for r in results):.0f}",
+            ]
+        )
+    headers = ["L", "connect+auth", "KiB/conn"]
+    headers += [f"light p50/p99 {a}" for a in ("1", "10%", "100%")]
+    headers += [f"sat. deliveries/s {a}" for a in ("1", "10%", "100%")]
+    headers += [f"gw µs/delivery {a}" for a in ("1", "10%", "100%")]
+    headers += ["sat. 100% p50/p99", "longest stall", "dropped (client/gateway)"]
+    print(common.table(headers, rows))
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def pin_gateway(pid: int, cpu: int) -> None:
+    """``taskset`` every thread of the gateway onto ``cpu``."""
+    subprocess.run(
+        ["taskset", "-a", "-p", "-c", str(cpu), str(pid)], check=True, stdout=subprocess.DEVNULL
+    )
+
+
+def run_size(
+    args: argparse.Namespace, n: int, redis: RedisServer | None
+) -> tuple[Connected, list[Result]]:
+    if redis is not None:
+        redis.flush()
+    if args.quiet > 0:
+        common.wait_for_quiet(args.quiet)
+    config = "redis" if redis is not None else "memory"
+    gateways = redis_bench.start_gateways(config, redis, "ports", f"fanout{n}", None)
+    pin_gateway(gateways.pids[0], args.server_cpu)
+    print()
+    print(f"== {n:,} sockets: {gateways.description}, pinned to CPU {args.server_cpu}", flush=True)
+    try:
+        connected, results = asyncio.run(bench_one(args, n, gateways, redis.pid if redis else None))
+    finally:
+        gateways.stop()
+    if results:
+        print(
+            f"{n:,} listeners ({sum(1 for i in range(connected.opened) if i % 10 == 0):,} in "
+            "the 10% group). Latency: POST start to the client's data_received, per delivery. "
+            "CPU: CPU s / wall s (100% = one CPU)."
+        )
+        print_results(n, results)
+        check_target(n, results)
+    return connected, results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--sockets", default="1000,10000", help="comma-separated values of L")
+    parser.add_argument("--duration", type=float, default=30.0, help="s, saturation at 100%%")
+    parser.add_argument(
+        "--short-duration", type=float, default=10.0, help="s, saturation at 1 listener and 10%%"
+    )
+    parser.add_argument("--window", type=int, default=4, help="outstanding messages, 10%%/100%%")
+    parser.add_argument("--window-one", type=int, default=64, help="outstanding, 1 listener")
+    parser.add_argument("--light-one", type=int, default=1000, help="messages, light 1 listener")
+    parser.add_argument("--light-group", type=int, default=200, help="messages, light 10%%")
+    parser.add_argument("--light-all", type=int, default=30, help="messages, light 100%%")
+    parser.add_argument("--connect-concurrency", type=int, default=100)
+    parser.add_argument("--drain", type=float, default=15.0, help="s to wait for stragglers")
+    parser.add_argument("--idle", type=float, default=2.0, help="s idle before reading RSS")
+    parser.add_argument(
+        "--quiet", type=float, default=30.0, help="s to wait for a quiet machine before each L"
+    )
+    parser.add_argument("--redis", action="store_true", help="the Redis backplane (private)")
+    parser.add_argument("--server-cpu", type=int, default=0)
+    parser.add_argument("--client-cpu", type=int, default=1)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    sizes = [int(s.replace("_", "")) for s in args.sockets.split(",") if s]
+
+    soft, hard = redis_bench.raise_open_files_limit()
+    if soft != resource.RLIM_INFINITY and soft < max(sizes) + 100:
+        print(f"WARNING: RLIMIT_NOFILE is {soft} (hard {hard}): {max(sizes):,} sockets won't fit")
+    if len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit("two CPUs are needed: one for the gateway, one for the load generator")
+    print(common.environment(["aiohttp", "python-socketio", "python-engineio", "PyJWT", "redis"]))
+    print(f"bow_gateway: {redis_bench.git_state()}")
+    os.sched_setaffinity(0, {args.client_cpu})
+    redis = RedisServer(cpu=args.client_cpu) if args.redis else None
+    backplane = (
+        f"Redis (private redis-server {redis.version()}, pid {redis.pid}, on CPU {args.client_cpu})"
+        if redis
+        else "in-process"
+    )
+    print(
+        f"backplane: {backplane}; load generator (this process, pid {os.getpid()}) on CPU "
+        f"{args.client_cpu}; open files limit {soft}"
+    )
+    runs = []
+    try:
+        for n in sizes:
+            runs.append(run_size(args, n, redis))
+    finally:
+        if redis is not None:
+            redis.stop()
+    print()
+    print("Summary (latency p50 / p99 per delivery; saturation = back to back):")
+    print_summary(runs)
+    dropped = sum(r.dropped + sum(r.gateway_drops.values()) for _, rs in runs for r in rs)
+    failed = sum(len(c.failures) for c, _ in runs)
+    print(f"\nload average now: {common.load_average()}")
+    if dropped or failed:
+        print(f"FAILED: {dropped:.0f} sockets dropped, {failed} could not connect")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
