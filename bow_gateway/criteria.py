@@ -87,6 +87,7 @@ class _ListenerDetailsSchema(Schema):
 
 
 _criteria_schema: Final = _CriteriaSchema()
+_listener_details_schema: Final = _ListenerDetailsSchema()  # one: a schema is a reference cycle
 
 
 def error_text(messages: Any, prefix: str = "") -> str:
@@ -130,7 +131,7 @@ def validate_listener_details(details: Any) -> Mapping[str, Any]:
     """Check what an outbound returned: a mapping whose ``id`` is a number or a non-empty string."""
     if not isinstance(details, Mapping):
         raise ValueError(f"listener details must be a mapping, not {type(details).__name__}")
-    errors = _ListenerDetailsSchema().validate({"id": details.get("id")} if "id" in details else {})
+    errors = _listener_details_schema.validate({"id": details.get("id")} if "id" in details else {})
     if errors:
         raise ValueError("listener details: " + error_text(errors))
     return details

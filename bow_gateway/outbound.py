@@ -223,6 +223,7 @@ class SocketOutbound:
             return
         if connection.timer is not None:
             connection.timer.cancel()
+            connection.timer = None
         version = connection.outbound.version
         self.metrics.sockets_connected.labels(version).dec()
         if connection.listener_id is not None:
@@ -468,6 +469,7 @@ class SocketOutbound:
             connection.closing = "shutdown"
             if connection.timer is not None:
                 connection.timer.cancel()
+                connection.timer = None
         for eio_sid in list(self.sio.eio.sockets):
             await self._close_transport(eio_sid, abort=True)
 

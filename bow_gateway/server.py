@@ -21,6 +21,7 @@ from .index import CriteriaIndex
 from .message import Event, MessageEvent, decode_event, encode_event
 from .metrics import Metrics
 from .outbound import OutboundSpec, SocketOutbound, normalise_version
+from .websocket import release_transport
 
 logger = logging.getLogger("bow_gateway")
 
@@ -204,6 +205,8 @@ class Bow:
         config = self.config
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1)
         await runner.setup()
+        if type(runner.server) is web.Server:
+            runner.server.__class__ = _ReleasingServer
         self._runners.append(runner)
         site = web.TCPSite(
             runner,
@@ -331,6 +334,20 @@ class Bow:
                     f"{what} names middleware version {spec.middleware_version!r}, "
                     "which is not registered"
                 )
+
+
+class _ReleasingServer(web.Server):
+    """aiohttp's connection manager, which breaks each closed connection's transport cycle.
+
+    On CPython 3.11 a closed socket transport refers to itself (gh-100348): with ``gc_freeze``,
+    every HTTP connection frozen while open would never be freed once closed.
+    """
+
+    def connection_lost(self, handler: Any, exc: BaseException | None = None) -> None:
+        transport = self._connections.get(handler)
+        super().connection_lost(handler, exc)
+        if transport is not None:
+            release_transport(transport)
 
 
 def _version(field: str, version: Any) -> str:

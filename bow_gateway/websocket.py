@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import sys
 import time
-from typing import Any
+import traceback
+from typing import Any, Final
 
 from aiohttp import web
 from engineio import exceptions as eio_exceptions
@@ -39,6 +41,14 @@ def websocket_frame(data: bytes, binary: bool = False) -> bytes:
     return struct.pack("!BBQ", first, 127, length) + data
 
 
+def release_transport(transport: asyncio.BaseTransport) -> None:
+    """Break the reference cycle of a closed socket transport on CPython 3.11, as 3.12's
+    ``close()`` does (gh-100348): its read callback is its own bound method, never called again."""
+    if sys.version_info < (3, 12) and transport.is_closing():
+        if getattr(transport, "_read_ready_cb", None) is not None:
+            transport._read_ready_cb = None  # type: ignore[attr-defined]
+
+
 def _frame_of(pkt: eio_packet.Packet) -> bytes:
     encoded = pkt.encode()
     if isinstance(encoded, bytes):
@@ -53,6 +63,8 @@ class WebSocketDriver(eio_aiohttp.WebSocket):  # type: ignore[misc]
     socket.io-client does) and a compression per frame per socket, for frames that are small.
     """
 
+    handler: Any  # engineio's: the socket's _websocket_handler, until it returns
+
     async def __call__(self, environ: dict[str, Any]) -> web.WebSocketResponse:
         request = environ["aiohttp.request"]
         self._sock = web.WebSocketResponse(
@@ -61,8 +73,41 @@ class WebSocketDriver(eio_aiohttp.WebSocket):  # type: ignore[misc]
         await self._sock.prepare(request)
         self.environ = environ
         self.transport = request.transport
-        await self.handler(self)
+        try:
+            await self.handler(self)
+        finally:
+            self.handler = None  # the socket's bound method: the socket keeps this driver
+            if self._sock.closed:
+                # aiohttp closes the transport next (a websocket is not kept alive): now, to
+                # release it
+                self.transport.close()
+                release_transport(self.transport)
         return self._sock
+
+
+class _Drained:
+    """engineio's queue once a socket writes straight to its websocket: nothing waits in it again.
+
+    An ``asyncio.Queue`` holds four deques, ~3 KB per socket for its whole life.
+    """
+
+    def qsize(self) -> int:
+        return 0
+
+    def empty(self) -> bool:
+        return True
+
+    def put_nowait(self, item: Any) -> None:
+        pass
+
+    async def put(self, item: Any) -> None:
+        pass
+
+    async def join(self) -> None:
+        pass
+
+
+_DRAINED: Final = _Drained()
 
 
 class LeanSocket(AsyncSocket):  # type: ignore[misc]
@@ -74,6 +119,7 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
     _ping_timer: asyncio.TimerHandle | None = None
     _closer: asyncio.Future[Any] | None = None
     # engineio's own state, set by its constructor
+    queue: Any  # an asyncio.Queue, then _DRAINED once the socket is a websocket
     last_ping: float | None
     connected: bool
     upgraded: bool
@@ -115,6 +161,14 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
         else:
             self.write(_frame_of(eio_packet.Packet(eio_packet.PING)))
 
+    async def handle_get_request(self, environ: dict[str, Any]) -> Any:
+        try:
+            return await super().handle_get_request(environ)
+        except eio_exceptions.QueueEmpty as error:  # a long-poll that waited in vain
+            # engineio raised it from a frame that holds it in a local (sys.exc_info()): a cycle
+            traceback.clear_frames(error.__traceback__)
+        raise eio_exceptions.QueueEmpty()
+
     async def close(self, wait: bool = True, abort: bool = False, reason: Any = None) -> None:
         if self._ping_timer is not None:
             self._ping_timer.cancel()
@@ -155,6 +209,7 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             self.queue.task_done()
             if pkt is not None:
                 self.write(_frame_of(pkt))
+        self.queue = _DRAINED
         try:
             if not (self.closing or self.closed):  # it may have been closed while upgrading
                 await self._read(ws)
