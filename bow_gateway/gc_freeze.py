@@ -20,14 +20,14 @@ from collections.abc import Callable
 async def freeze_after_connects(connects: Callable[[], int], interval: float = 1.0) -> None:
     """Freeze what is alive after start-up, then each ``interval`` s in which sockets connected.
 
-    ``connects()`` counts the connections opened so far. The young generations are collected
-    first (cheap: they are small), so that only objects that survived them are frozen.
+    ``connects()`` counts the connections opened so far. A full collection comes first, so that
+    no garbage is frozen: it walks only what was allocated since the last freeze.
     """
     frozen_at: int | None = None
     while True:
         count = connects()
         if count != frozen_at:
-            gc.collect(1)
+            gc.collect()
             gc.freeze()
             frozen_at = count
         await asyncio.sleep(interval)

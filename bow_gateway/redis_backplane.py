@@ -4,9 +4,9 @@ Each event is one ``XADD`` (a single field, ``d``), the stream trimmed to about 
 entries; events published while an ``XADD`` is under way go together in one pipeline, in the
 order they were published. Every instance reads the stream with ``XREAD BLOCK`` from the last id
 it has read, so after a lost connection it resumes where it stopped: nothing published meanwhile
-is skipped, and nothing is read twice. A failed publish is not retried: in the rare case where
-Redis applied it but the answer was lost, the event is delivered although
-:meth:`~RedisBackplane.publish` raised.
+is skipped, and nothing is read twice. A failed publish is not retried, and it may still be
+delivered: when the connection breaks after Redis applied it (a whole pipeline fails, even the
+events Redis took), or when Redis applies it after ``publish_timeout``.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class RedisBackplane(Backplane):
         max_len: int = 100_000,
         block_ms: int = 1000,
         batch: int = 500,
+        batch_bytes: int = 1_048_576,
         connect_retries: int = 5,
         retry_backoff: float = 0.1,
         max_backoff: float = 5.0,
@@ -78,6 +79,7 @@ class RedisBackplane(Backplane):
         self._max_len = max_len
         self._block_ms = block_ms
         self._batch = batch
+        self._batch_bytes = batch_bytes
         self._connect_retries = connect_retries
         self._retry_backoff = retry_backoff
         self._max_backoff = max_backoff
@@ -88,6 +90,7 @@ class RedisBackplane(Backplane):
         self._cursor = _Cursor()
         self._healthy = False
         self._readers: set[asyncio.Task[Any]] = set()  # tasks inside a read disconnect() ends
+        self._interrupted: set[asyncio.Task[Any]] = set()  # those disconnect() has cancelled
         self._pending: list[tuple[bytes, asyncio.Future[None]]] = []  # published, not yet sent
         self._writer: asyncio.Task[None] | None = None  # sends the pending events, then ends
 
@@ -114,12 +117,15 @@ class RedisBackplane(Backplane):
         if client is None:
             return
         self._healthy = False
-        if self._writer is not None:
-            await asyncio.wait({self._writer})
         for task in self._readers:
+            self._interrupted.add(task)
             task.cancel()
-        for close in self._closers:
-            await close()
+        try:
+            if self._writer is not None:
+                await asyncio.wait({self._writer})
+        finally:
+            for close in self._closers:
+                await close()
 
     async def publish(self, data: bytes) -> None:
         """``XADD`` within ``publish_timeout``, or raise :class:`BackplaneUnavailable`; no retry."""
@@ -185,8 +191,7 @@ class RedisBackplane(Backplane):
         batch: list[tuple[bytes, asyncio.Future[None]]] = []
         try:
             while self._pending:
-                batch, self._pending = self._pending[: self._batch], self._pending[self._batch :]
-                batch = [(data, written) for data, written in batch if not written.done()]
+                batch = self._next_batch()
                 try:
                     async with asyncio.timeout(self._publish_timeout):
                         results = await self._xadd(client, [data for data, _ in batch])
@@ -207,6 +212,20 @@ class RedisBackplane(Backplane):
             for _, written in [*batch, *self._pending]:  # cancelled midway: no one will send them
                 if not written.done():
                     written.set_exception(OSError("the writer was stopped"))
+
+    def _next_batch(self) -> list[tuple[bytes, asyncio.Future[None]]]:
+        """The oldest pending events still awaited, within ``batch`` events and ``batch_bytes``."""
+        batch: list[tuple[bytes, asyncio.Future[None]]] = []
+        size = taken = 0
+        for data, written in self._pending:
+            if batch and (len(batch) == self._batch or size + len(data) > self._batch_bytes):
+                break
+            taken += 1
+            if not written.done():  # else its publisher gave up: not sent
+                batch.append((data, written))
+                size += len(data)
+        del self._pending[:taken]
+        return batch
 
     async def _xadd(self, client: Client, events: list[bytes]) -> list[Any]:
         """``XADD`` each event: one command alone (cheaper), else a pipeline."""
@@ -292,10 +311,14 @@ class RedisBackplane(Backplane):
         if self._client is not client or task is None:
             raise _Stopped
         self._readers.add(task)
+        cancelling = task.cancelling()
         try:
             return await start()
         except asyncio.CancelledError:
-            if self._client is client or task.uncancel() > 0:  # not (only) disconnect()'s
+            if task not in self._interrupted:  # not disconnect()'s
+                raise
+            self._interrupted.discard(task)
+            if task.uncancel() > cancelling:  # someone else's as well
                 raise
             raise _Stopped from None
         finally:

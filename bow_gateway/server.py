@@ -265,14 +265,19 @@ class Bow:
 
     async def _stop_backplane(self) -> None:
         backplane, self._backplane = self._backplane, None
-        if backplane is not None:
-            await backplane.disconnect()
-        for task in [*self._watchers, self._reporter, self._lag_probe, self._freezer]:
+        helpers = [*self._watchers, self._reporter, self._lag_probe, self._freezer]
+        self._watchers, self._reporter, self._lag_probe, self._freezer = [], None, None, None
+        try:
+            if backplane is not None:
+                await backplane.disconnect()
+        finally:  # also when the drain timeout interrupts it
+            for task in helpers:
+                if task is not None:
+                    task.cancel()
+        for task in helpers:
             if task is not None:
-                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._watchers, self._reporter, self._lag_probe, self._freezer = [], None, None, None
         if self._consumer is not None:
             # The backplane has ended its events: the consumer delivers what it holds, then ends.
             await self._consumer

@@ -77,6 +77,9 @@ class WebSocketDriver(eio_aiohttp.WebSocket):  # type: ignore[misc]
             await self.handler(self)
         finally:
             self.handler = None  # the socket's bound method: the socket keeps this driver
+            # What a write to a vanished peer raised, kept with its traceback: frames that
+            # refer to this response
+            self._sock._exception = None
             if self._sock.closed:
                 # aiohttp closes the transport next (a websocket is not kept alive): now, to
                 # release it

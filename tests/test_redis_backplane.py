@@ -343,3 +343,56 @@ async def test_a_dict_of_connection_settings(
     assert await collector.until(2) == [b"\xff not UTF-8", b"two"]
     async with redis.asyncio.Redis(port=server.port, db=3) as client:
         assert await client.xlen(writer.key) == 2
+
+
+async def consume(backplane: RedisBackplane) -> None:
+    async for _ in backplane.events():
+        pass
+
+
+async def test_a_consumer_cancelled_as_the_backplane_disconnects_is_cancelled(
+    backplanes: Callable[..., RedisBackplane],
+) -> None:
+    backplane = backplanes()
+    await backplane.connect()
+    consumer = asyncio.create_task(consume(backplane))
+    await asyncio.sleep(0.1)  # blocked in XREAD
+    consumer.cancel()
+    await backplane.disconnect()
+    with pytest.raises(asyncio.CancelledError):
+        await consumer
+
+
+async def test_disconnect_ends_the_reads_at_once_while_a_publish_waits_for_redis(
+    server: RedisServer, backplanes: Callable[..., RedisBackplane]
+) -> None:
+    # Regression: disconnect() waited for the publishes under way before interrupting the
+    # reads, and any cancellation of a reader meanwhile was taken for its own.
+    backplane = backplanes()
+    await backplane.connect()
+    consumer = asyncio.create_task(consume(backplane))
+    await asyncio.sleep(0.1)
+    server.pause()
+    try:
+        publishing = asyncio.create_task(backplane.publish(b"stuck"))
+        await asyncio.sleep(0.05)
+        disconnecting = asyncio.create_task(backplane.disconnect())
+        await asyncio.wait({consumer}, timeout=FAST["publish_timeout"] / 2)
+        assert consumer.done()
+    finally:
+        server.resume()
+    await disconnecting
+    await publishing  # Redis answered in time once resumed
+
+
+async def test_large_concurrent_events_go_in_several_pipelines_in_order(
+    backplanes: Callable[..., RedisBackplane],
+) -> None:
+    writer, reader = backplanes(batch_bytes=1_000), backplanes()
+    await writer.connect()
+    await reader.connect()
+    collector = Collector(reader)
+    events = [f"{n:03} ".encode() + b"x" * 400 for n in range(20)]
+    await asyncio.gather(*(writer.publish(data) for data in events))
+    assert await collector.until(len(events)) == events
+    collector.task.cancel()
