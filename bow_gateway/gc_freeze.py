@@ -18,16 +18,34 @@ from collections.abc import Callable
 
 
 async def freeze_after_connects(connects: Callable[[], int], interval: float = 1.0) -> None:
-    """Freeze what is alive after start-up, then each ``interval`` s in which sockets connected.
+    """Freeze what is alive after start-up, then each ``interval`` s in which sockets connected,
+    and after every full collection the interpreter runs of its own accord.
 
     ``connects()`` counts the connections opened so far. A full collection comes first, so that
-    no garbage is frozen: it walks only what was allocated since the last freeze.
+    no garbage is frozen: it walks only what was allocated since the last freeze. What survives
+    a full collection is frozen too (a young one first), so that the next full one, which
+    CPython runs once a quarter more objects have survived, walks only what is newer.
     """
+    loop = asyncio.get_running_loop()
+
+    def after_collection(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            loop.call_soon_threadsafe(_freeze_survivors)  # not within the collection itself
+
+    gc.callbacks.append(after_collection)
     frozen_at: int | None = None
-    while True:
-        count = connects()
-        if count != frozen_at:
-            gc.collect()
-            gc.freeze()
-            frozen_at = count
-        await asyncio.sleep(interval)
+    try:
+        while True:
+            count = connects()
+            if count != frozen_at:
+                gc.collect()
+                gc.freeze()
+                frozen_at = count
+            await asyncio.sleep(interval)
+    finally:
+        gc.callbacks.remove(after_collection)
+
+
+def _freeze_survivors() -> None:
+    gc.collect(1)
+    gc.freeze()
