@@ -66,7 +66,7 @@ class Connection:
         self.eio_sid = eio_sid
         self.outbound = outbound
         self.listener_id: ListenerId | None = None
-        self.details: Mapping[str, Any] | None = None  # kept to recompute the criteria
+        self.details: Mapping[str, Any] | None = None  # kept if the middleware watches changes
         self.authenticating = False
         self.closing: str | None = None  # why the gateway is closing it (refused, slow, ...)
         self.timer: asyncio.TimerHandle | None = None
@@ -312,7 +312,8 @@ class SocketOutbound:
             connection.timer = None
         listener_id = details["id"]
         connection.listener_id = listener_id
-        connection.details = details
+        if callable(getattr(self._middlewares[outbound.middleware_version], "watch", None)):
+            connection.details = details  # to recompute the criteria when they change
         self._indices[outbound.middleware_version].add(connection, listener_id, criteria)
         self.metrics.authentications.labels(outbound.version, "accepted").inc()
         self.metrics.sockets_authenticated.labels(outbound.version).inc()

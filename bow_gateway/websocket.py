@@ -201,6 +201,7 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
                 self.upgraded = self.upgrading = False
                 return
             self.upgraded, self.upgrading = True, False
+            ws.environ.clear()  # the upgrade request's headers (~1 KB), which no one reads again
         else:
             self.connected = self.upgraded = True
         # What waits in the queue (the OPEN packet, or what the long-polling client has not
