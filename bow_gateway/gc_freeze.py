@@ -14,7 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
+from asyncio import selector_events
 from collections.abc import Callable
+from typing import Any
+
+_freezing = False  # a collection of ours: not one to freeze after
 
 
 async def freeze_after_connects(connects: Callable[[], int], interval: float = 1.0) -> None:
@@ -22,15 +27,16 @@ async def freeze_after_connects(connects: Callable[[], int], interval: float = 1
     and after every full collection the interpreter runs of its own accord.
 
     ``connects()`` counts the connections opened so far. A full collection comes first, so that
-    no garbage is frozen: it walks only what was allocated since the last freeze. What survives
-    a full collection is frozen too (a young one first), so that the next full one, which
-    CPython runs once a quarter more objects have survived, walks only what is newer.
+    no garbage is frozen: it walks only what was allocated since the last freeze. Freezing after
+    CPython's own full collections (which it runs once a quarter more objects survived) keeps
+    the next one to what is newer.
     """
     loop = asyncio.get_running_loop()
 
     def after_collection(phase: str, info: dict[str, int]) -> None:
-        if phase == "stop" and info["generation"] == 2:
-            loop.call_soon_threadsafe(_freeze_survivors)  # not within the collection itself
+        if phase == "stop" and info["generation"] == 2 and not _freezing:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_freeze)  # not within the collection itself
 
     gc.callbacks.append(after_collection)
     frozen_at: int | None = None
@@ -38,14 +44,42 @@ async def freeze_after_connects(connects: Callable[[], int], interval: float = 1
         while True:
             count = connects()
             if count != frozen_at:
-                gc.collect()
-                gc.freeze()
+                _freeze()
                 frozen_at = count
             await asyncio.sleep(interval)
     finally:
         gc.callbacks.remove(after_collection)
 
 
-def _freeze_survivors() -> None:
-    gc.collect(1)
-    gc.freeze()
+def _freeze() -> None:
+    global _freezing
+    _freezing = True
+    try:
+        gc.collect()
+        gc.freeze()
+    finally:
+        _freezing = False
+
+
+def release_closed_transports() -> None:
+    """On CPython 3.11, let a closed socket transport go without the cyclic collector.
+
+    Its read callback is a bound method of its own, kept after close: a reference cycle per
+    connection (TCP, TLS, Redis), which a freeze would keep forever. CPython 3.12 drops it
+    (gh-100348); this does the same, once, on older versions.
+    """
+    if sys.version_info >= (3, 12):
+        return
+    transport_class: Any = getattr(selector_events, "_SelectorSocketTransport")  # noqa: B009
+    original = transport_class._call_connection_lost
+    if getattr(original, "releases_read_callback", False):
+        return
+
+    def call_connection_lost(self: Any, exc: BaseException | None) -> None:
+        try:
+            original(self, exc)
+        finally:
+            self._read_ready_cb = None
+
+    call_connection_lost.releases_read_callback = True  # type: ignore[attr-defined]
+    transport_class._call_connection_lost = call_connection_lost

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import time
@@ -15,13 +14,12 @@ from aiohttp import web
 from .backplane import Backplane, backplane_from_config
 from .config import Config, load_config
 from .criteria import ListenerId
-from .gc_freeze import freeze_after_connects
+from .gc_freeze import freeze_after_connects, release_closed_transports
 from .inbound import InboundSpec, basic_auth, health_handler, message_handler
 from .index import CriteriaIndex
 from .message import Event, MessageEvent, decode_event, encode_event
 from .metrics import Metrics
 from .outbound import OutboundSpec, SocketOutbound, normalise_version
-from .websocket import release_transport
 
 logger = logging.getLogger("bow_gateway")
 
@@ -123,6 +121,7 @@ class Bow:
         if self._runners:
             raise RuntimeError("this Bow is already started")
         self._check_versions()
+        release_closed_transports()  # no reference cycle per closed connection (CPython 3.11)
         config = self.config
         backplane = backplane_from_config(
             config.redis, namespace=config.namespace, **config.backplane
@@ -205,8 +204,6 @@ class Bow:
         config = self.config
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1)
         await runner.setup()
-        if type(runner.server) is web.Server:
-            runner.server.__class__ = _ReleasingServer
         self._runners.append(runner)
         site = web.TCPSite(
             runner,
@@ -274,10 +271,10 @@ class Bow:
             for task in helpers:
                 if task is not None:
                     task.cancel()
-        for task in helpers:
-            if task is not None:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        # gather, not each under suppress(CancelledError): the drain timeout must still get out
+        await asyncio.gather(
+            *(task for task in helpers if task is not None), return_exceptions=True
+        )
         if self._consumer is not None:
             # The backplane has ended its events: the consumer delivers what it holds, then ends.
             await self._consumer
@@ -339,20 +336,6 @@ class Bow:
                     f"{what} names middleware version {spec.middleware_version!r}, "
                     "which is not registered"
                 )
-
-
-class _ReleasingServer(web.Server):
-    """aiohttp's connection manager, which breaks each closed connection's transport cycle.
-
-    On CPython 3.11 a closed socket transport refers to itself (gh-100348): with ``gc_freeze``,
-    every HTTP connection frozen while open would never be freed once closed.
-    """
-
-    def connection_lost(self, handler: Any, exc: BaseException | None = None) -> None:
-        transport = self._connections.get(handler)
-        super().connection_lost(handler, exc)
-        if transport is not None:
-            release_transport(transport)
 
 
 def _version(field: str, version: Any) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import sys
 import time
 import traceback
 from typing import Any, Final
@@ -39,14 +38,6 @@ def websocket_frame(data: bytes, binary: bool = False) -> bytes:
     if length < 65_536:
         return struct.pack("!BBH", first, 126, length) + data
     return struct.pack("!BBQ", first, 127, length) + data
-
-
-def release_transport(transport: asyncio.BaseTransport) -> None:
-    """Break the reference cycle of a closed socket transport on CPython 3.11, as 3.12's
-    ``close()`` does (gh-100348): its read callback is its own bound method, never called again."""
-    if sys.version_info < (3, 12) and transport.is_closing():
-        if getattr(transport, "_read_ready_cb", None) is not None:
-            transport._read_ready_cb = None  # type: ignore[attr-defined]
 
 
 def _frame_of(pkt: eio_packet.Packet) -> bytes:
@@ -80,11 +71,6 @@ class WebSocketDriver(eio_aiohttp.WebSocket):  # type: ignore[misc]
             # What a write to a vanished peer raised, kept with its traceback: frames that
             # refer to this response
             self._sock._exception = None
-            if self._sock.closed:
-                # aiohttp closes the transport next (a websocket is not kept alive): now, to
-                # release it
-                self.transport.close()
-                release_transport(self.transport)
         return self._sock
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import weakref
 from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
 from bow_gateway import Bow
-from bow_gateway.gc_freeze import freeze_after_connects
+from bow_gateway.gc_freeze import freeze_after_connects, release_closed_transports
 
 from .support import Listener, base_config, standard_bow, token
 
@@ -91,3 +92,24 @@ async def test_what_survives_a_full_collection_is_frozen() -> None:
         getattr(callback, "__qualname__", "").startswith("freeze_after_connects")
         for callback in gc.callbacks
     )
+
+
+async def test_a_closed_connection_s_transport_is_freed_by_reference_counting() -> None:
+    # Regression: on CPython 3.11 a closed socket transport kept a reference to itself (its read
+    # callback, gh-100348), so every connection frozen while open was kept forever once closed.
+    release_closed_transports()
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    gc.disable()
+    try:
+        transport, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
+        gone = weakref.ref(transport)
+        transport.close()
+        del transport
+        await asyncio.sleep(0.05)  # connection_lost runs on the next iterations
+        assert gone() is None
+    finally:
+        gc.enable()
+        server.close()
+        await server.wait_closed()
