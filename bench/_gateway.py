@@ -12,7 +12,7 @@ the stats to the file given with ``--profile``.
 It also takes commands, one a line, on its stdin, and answers each with one JSON line on stdout:
 ``gc`` (the cyclic garbage collector's collections per generation since the last ``gc``: count,
 total and longest pause, timed with ``gc.callbacks``), ``objects`` (how many objects the
-collector tracks; slow with millions), and two experiments that the gateway itself never does:
+collector tracks, and how many are frozen; slow with millions), and two older experiments:
 ``freeze`` (``gc.collect()`` then ``gc.freeze()``) and ``disable`` (``gc.disable()``); for
 ``fanout_bench.py``: ``stall`` (the longest lateness of a timer rescheduled every 10 ms since the
 last ``stall``, i.e. the longest event-loop stall, then reset) and ``sockets`` (sockets connected

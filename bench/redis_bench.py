@@ -1097,7 +1097,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=("default", "freeze", "off"),
         default="default",
         help="EXPERIMENT: once every client is connected, gc.collect() + gc.freeze() ('freeze') "
-        "or gc.disable() ('off') in each _gateway.py (the gateway itself never does either)",
+        "or gc.disable() ('off') in each _gateway.py (which runs with gc_freeze on, as serve does)",
     )
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
