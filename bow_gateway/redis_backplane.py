@@ -192,6 +192,8 @@ class RedisBackplane(Backplane):
         try:
             while self._pending:
                 batch = self._next_batch()
+                if not batch:  # every publisher of these gave up
+                    continue
                 try:
                     async with asyncio.timeout(self._publish_timeout):
                         results = await self._xadd(client, [data for data, _ in batch])

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import gc
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 
@@ -32,22 +32,29 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
             await asyncio.sleep(0.01)
 
 
+@contextlib.asynccontextmanager
+async def freezer(connects: Callable[[], int]) -> AsyncIterator[None]:
+    """``freeze_after_connects`` running, without CPython's own collections (which freeze too)."""
+    gc.disable()
+    task = asyncio.create_task(freeze_after_connects(connects, interval=0.01))
+    try:
+        yield
+    finally:
+        gc.enable()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 async def test_freezes_at_start_then_only_after_new_connections() -> None:
     connects = 0
-    gc.disable()  # no full collection of CPython's own, which would freeze too
-    task = asyncio.create_task(freeze_after_connects(lambda: connects, interval=0.01))
-    try:
+    async with freezer(lambda: connects):
         await until(lambda: gc.get_freeze_count() > 0)  # at start
         gc.unfreeze()
         await asyncio.sleep(0.1)
         assert gc.get_freeze_count() == 0  # nothing connected since
         connects += 1
         await until(lambda: gc.get_freeze_count() > 0)
-    finally:
-        gc.enable()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def test_a_gateway_with_gc_freeze_freezes_its_connections(start_bow: StartBow) -> None:
@@ -76,20 +83,13 @@ async def test_an_embedded_gateway_leaves_the_collector_alone(start_bow: StartBo
 
 
 async def test_what_survives_a_full_collection_is_frozen() -> None:
-    gc.disable()  # only the full collection below: none of CPython's own meanwhile
-    task = asyncio.create_task(freeze_after_connects(lambda: 0, interval=0.01))
-    try:
+    async with freezer(lambda: 0):
         await until(lambda: gc.get_freeze_count() > 0)  # at start
         gc.unfreeze()
         await asyncio.sleep(0.05)
         assert gc.get_freeze_count() == 0
         gc.collect()  # as CPython does once enough objects survived
         await until(lambda: gc.get_freeze_count() > 0)
-    finally:
-        gc.enable()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
     assert not any(
         getattr(callback, "__qualname__", "").startswith("freeze_after_connects")
         for callback in gc.callbacks
