@@ -108,6 +108,10 @@ class _ConfigSchema(Schema):
         load_default=10.0,
         validate=validate.Range(min=0, min_inclusive=False, error="must be positive"),
     )
+    http_timeout = fields.Float(
+        load_default=10.0,
+        validate=validate.Range(min=0, min_inclusive=False, error="must be positive"),
+    )
     backplane = fields.Nested(_BackplaneSchema, load_default=dict)
     metrics = fields.Nested(_MetricsSchema, load_default=dict)
     middleware = fields.Nested(_MiddlewareSchema, load_default=dict)
@@ -136,6 +140,7 @@ class Config:
     password: str
     max_body_size: int
     inbound_timeout: float
+    http_timeout: float
     auth_timeout: float
     max_queued_frames: int
     max_buffered_bytes: int
@@ -181,6 +186,7 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         password=data["inbound"]["password"],
         max_body_size=data["inbound"]["max_body_size"],
         inbound_timeout=data["inbound"]["timeout"],
+        http_timeout=data["http_timeout"],
         auth_timeout=data["outbound"]["timeout"],
         max_queued_frames=data["outbound"]["max_queued_frames"],
         max_buffered_bytes=data["outbound"]["max_buffered_bytes"],

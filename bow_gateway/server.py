@@ -15,6 +15,7 @@ from .backplane import Backplane, backplane_from_config
 from .config import Config, load_config
 from .criteria import ListenerId
 from .gc_freeze import freeze_after_connects, release_closed_transports
+from .http_server import app_runner, body_deadline
 from .inbound import InboundSpec, basic_auth, health_handler, message_handler
 from .index import CriteriaIndex
 from .message import Event, MessageEvent, decode_event, encode_event
@@ -174,12 +175,13 @@ class Bow:
         app = web.Application(
             client_max_size=config.max_body_size,
             middlewares=[
+                body_deadline(config.http_timeout),
                 basic_auth(
                     realm=config.realm,
                     username=config.username,
                     password=config.password,
                     is_open=lambda path: path in open_paths or path.startswith(SOCKETIO_PATH),
-                )
+                ),
             ],
         )
         for spec in self._inbounds.values():
@@ -202,7 +204,7 @@ class Bow:
     async def _serve(self, app: web.Application, port: int) -> int:
         """Serve ``app`` on ``port`` (0: any free port); returns the port bound."""
         config = self.config
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1)
+        runner = app_runner(app, timeout=config.http_timeout)
         await runner.setup()
         self._runners.append(runner)
         site = web.TCPSite(

@@ -1,0 +1,117 @@
+"""How the gateway's HTTP server bounds clients that stall and quiets those that send garbage.
+
+aiohttp offers most of it, through public keyword arguments of ``web.AppRunner``: its keep-alive
+timer closes a connection whose next request's headers have not all arrived in time (the timer
+runs from the connection's start, and from the end of each response), ``lingering_time`` bounds
+how long a body nobody reads is drained, and ``logger`` replaces the logger that reports malformed
+requests. What it lacks, a bound on the arrival of a body a handler waits for, is
+:func:`body_deadline`. No private API is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.typedefs import Middleware
+
+logger = logging.getLogger("bow_gateway.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def app_runner(app: web.Application, *, timeout: float = 10.0) -> web.AppRunner:
+    """A runner for ``app`` whose clients have ``timeout`` s to send each request's headers
+    (counted from the connection's start or the end of its previous response: also how long an
+    idle keep-alive connection stays open) and to finish a body the gateway no longer reads.
+
+    Only a connection waiting for a request is timed: a WebSocket, or a long-polling GET the
+    gateway holds open, is not cut.
+    """
+    return web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=1,
+        keepalive_timeout=timeout,
+        lingering_time=timeout,
+        logger=_MalformedRequestLog(logging.getLogger("bow_gateway.http.server"), {}),
+    )
+
+
+def body_deadline(timeout: float = 10.0) -> Middleware:
+    """An aiohttp middleware that answers ``408`` and closes the connection when a request's
+    body has not all arrived ``timeout`` s after its headers (a client that promised a body and
+    stalls). A request without a body, such as a long-polling GET or a WebSocket upgrade, is not
+    timed."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        body = request.content
+        if body.is_eof():  # no body, or all of it is here
+            return await handler(request)
+        waiting = True
+
+        def arrived() -> None:
+            if waiting and not deadline.expired():
+                deadline.reschedule(None)
+
+        try:
+            async with asyncio.timeout(timeout) as deadline:
+                body.on_eof(arrived)
+                try:
+                    response = await handler(request)
+                finally:
+                    waiting = False
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+        if not deadline.expired():
+            return response
+        # Expired, whether the handler raised or swallowed the cancellation (engineio's POST
+        # handler answers 200 to any error): what it answered was not about the whole body.
+        logger.info(
+            "closed %s %s: its body did not arrive within %g s",
+            request.method,
+            request.path,
+            timeout,
+        )
+        raise request_timeout(timeout)
+
+    return middleware
+
+
+def request_timeout(timeout: float) -> web.HTTPException:
+    """``408``, closing the connection: what follows on it is the rest of a body, not a request."""
+    response = web.HTTPRequestTimeout(
+        text=f"408: the request's body did not arrive within {timeout:g} s",
+        headers={hdrs.CONNECTION: "close"},
+    )
+    response.force_close()
+    return response
+
+
+class _MalformedRequestLog(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's server logger, without the raw request bytes its parse errors quote.
+
+    aiohttp logs a malformed request (or body) as an ERROR with a traceback whose text quotes the
+    offending line: an ``Authorization`` header with a stray control byte, a URL holding a token.
+    Such a record becomes one INFO line naming the error's kind; any other record (the gateway's
+    own failures) passes unchanged, traceback included.
+    """
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        exc_info = kwargs.get("exc_info")
+        error = sys.exc_info()[1] if exc_info is True else exc_info
+        if isinstance(error, tuple):
+            error = error[1]
+        if isinstance(error, (HttpProcessingError, web.RequestPayloadError)):
+            kind = type(error.__cause__ or error).__name__
+            self.logger.info("closed a connection after a malformed request (%s)", kind)
+            return
+        self.logger.log(level, msg, *args, **kwargs)
