@@ -64,6 +64,8 @@ class _InboundSchema(Schema):
         load_default=5.0,
         validate=validate.Range(min=0, min_inclusive=False, error="must be positive"),
     )
+    max_queries = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
+    max_predicates = fields.Integer(load_default=32, validate=validate.Range(min=1))
 
 
 class _OutboundSchema(Schema):
@@ -140,6 +142,8 @@ class Config:
     password: str
     max_body_size: int
     inbound_timeout: float
+    max_queries: int
+    max_predicates: int
     http_timeout: float
     auth_timeout: float
     max_queued_frames: int
@@ -186,6 +190,8 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         password=data["inbound"]["password"],
         max_body_size=data["inbound"]["max_body_size"],
         inbound_timeout=data["inbound"]["timeout"],
+        max_queries=data["inbound"]["max_queries"],
+        max_predicates=data["inbound"]["max_predicates"],
         http_timeout=data["http_timeout"],
         auth_timeout=data["outbound"]["timeout"],
         max_queued_frames=data["outbound"]["max_queued_frames"],

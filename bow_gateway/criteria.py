@@ -7,8 +7,9 @@ that equal nothing else, numbers and strings stay as they are (``42 == 42.0`` ho
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from typing import Any, Final
 
 from marshmallow import Schema, ValidationError, fields
@@ -90,21 +91,36 @@ _criteria_schema: Final = _CriteriaSchema()
 _listener_details_schema: Final = _ListenerDetailsSchema()  # one: a schema is a reference cycle
 
 
-def error_text(messages: Any, prefix: str = "") -> str:
-    """Flatten marshmallow's nested error messages into one line that names each field."""
+def error_text(messages: Any, prefix: str = "", *, limit: int = 10, width: int = 200) -> str:
+    """Flatten marshmallow's nested error messages into one line that names each field.
+
+    Only the first ``limit`` errors, each cut at ``width`` characters, then how many more: a
+    document with thousands of faults (or a key a megabyte long) still gets a short answer.
+    """
+    parts = _error_parts(messages, prefix)
+    shown = [_cut(part, width) for part in itertools.islice(parts, limit)]
+    rest = sum(1 for _ in parts)
+    text = "; ".join(shown)
+    return f"{text}; and {rest} more" if rest else text
+
+
+def _error_parts(messages: Any, prefix: str) -> Iterator[str]:
     if isinstance(messages, Mapping):
-        parts = []
         for field, inner in messages.items():
-            name = str(field) if field != "_schema" else ""
+            name = _cut(str(field), 60) if field != "_schema" else ""
             # marshmallow's Dict field reports value errors under {"key": {"value": [...]}}
             if isinstance(inner, Mapping) and set(inner) <= {"key", "value"}:
                 inner = [*inner.get("key", []), *_flat(inner.get("value", []))]
             path = f"{prefix}.{name}" if prefix and name else prefix or name
-            parts.append(error_text(inner, path))
-        return "; ".join(parts)
-    if isinstance(messages, list):
-        return "; ".join(f"{prefix}: {m}" if prefix else str(m) for m in _flat(messages))
-    return f"{prefix}: {messages}" if prefix else str(messages)
+            yield from _error_parts(inner, path)
+    elif isinstance(messages, list):
+        yield from (f"{prefix}: {m}" if prefix else m for m in _flat(messages))
+    else:
+        yield f"{prefix}: {messages}" if prefix else str(messages)
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width] + "..."
 
 
 def _flat(messages: Any) -> list[str]:

@@ -2,22 +2,25 @@
 
 Statuses, as the contract says: 401 without valid credentials (whatever the path, so that no one
 learns which paths exist), then 404, 405, 413, 422, 503 (with ``Retry-After``), and 204 once the
-message is on the backplane.
+message is on the backplane; 408 for a body that does not arrive in time, 400 for one that does
+not decode.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import BasicAuth, hdrs, web
 from aiohttp.typedefs import Middleware
 
 from .backplane import BackplaneUnavailable
+from .http_server import request_timeout
 from .message import Event, MessageEvent, parse_json, validate_message
 from .metrics import Metrics
 from .userfn import call_user_function, describe
@@ -80,8 +83,11 @@ def message_handler(
     metrics: Metrics,
     *,
     timeout: float = 5.0,
+    max_queries: int = 1_000,
+    max_predicates: int = 32,
 ) -> Handler:
-    """The aiohttp handler of one inbound path."""
+    """The aiohttp handler of one inbound path; ``timeout`` bounds both the body's arrival and
+    the message function."""
     create_message = inbound.create_message_from_request_body
     middleware_version = inbound.middleware_version
     accepted = metrics.messages_accepted.labels(inbound.path)
@@ -92,15 +98,22 @@ def message_handler(
         except web.HTTPException as error:
             metrics.messages_refused.labels(inbound.path, str(error.status)).inc()
             level = logging.WARNING if error.status >= 500 else logging.INFO
-            logger.log(level, "refused %s %s: %s", request.method, request.path, error.text)
+            # The cause, when there is one, is for the log only (a Redis address, a plugin).
+            cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
+            logger.log(
+                level, "refused %s %s: %s%s", request.method, request.path, error.text, cause
+            )
             raise
         accepted.inc()
         return response
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        body = await request.read()  # aiohttp answers 413 past client_max_size
+        if not request.body_exists:
+            raise _unprocessable(NO_BODY)
+        _check_json_content_type(request)
+        body = await _read(request, timeout)
         if not body.strip():
-            raise _unprocessable("the request has no body: send a JSON message")
+            raise _unprocessable(NO_BODY)
         try:
             document = parse_json(body)
         except ValueError as error:
@@ -108,12 +121,12 @@ def message_handler(
         try:
             raw = await call_user_function(create_message, document, timeout)
         except TimeoutError:
-            reason = f"{describe(create_message)} did not answer within {timeout:g} s"
-            raise _unavailable(reason, 1) from None
+            late = TimeoutError(f"{describe(create_message)} did not answer within {timeout:g} s")
+            raise _unavailable(1) from late
         except Exception as error:  # noqa: BLE001 - the user's function refused the body
             raise _unprocessable(f"the body was refused: {error}") from None
         try:
-            message = validate_message(raw)
+            message = validate_message(raw, max_queries=max_queries, max_predicates=max_predicates)
         except ValueError as error:
             raise _unprocessable(f"invalid message: {error}") from None
         try:
@@ -121,20 +134,56 @@ def message_handler(
         except ValueError as error:  # the user's message_fn made a payload JSON cannot hold
             raise _unprocessable(f"invalid message: the payload is {error}") from None
         except BackplaneUnavailable as error:
-            reason = f"the gateway cannot take messages now: {error}"
-            raise _unavailable(reason, error.retry_after) from None
+            raise _unavailable(error.retry_after) from error
         return web.Response(status=204)
 
     return counted
 
 
-def _unprocessable(reason: str) -> web.HTTPException:
+NO_BODY: Final = "the request has no body: send a JSON message"
+
+
+def _check_json_content_type(request: web.Request) -> None:
+    """Refuse a body not sent as JSON, as Bow does: an HTML form, which any site can make a
+    browser post, cannot send ``application/json``, so cached Basic credentials cannot be
+    abused to push (CSRF)."""
+    if hdrs.CONTENT_TYPE not in request.headers:
+        raise _unprocessable("the request has no Content-Type: send the body as application/json")
+    declared = request.content_type  # lower case, without parameters such as charset
+    if declared != "application/json" and not declared.endswith("+json"):
+        raise _unprocessable(
+            f"the body must be sent as application/json (or */*+json), not {declared!r}"
+        )
+
+
+async def _read(request: web.Request, timeout: float) -> bytes:
+    try:
+        async with asyncio.timeout(timeout):
+            return await request.read()  # aiohttp answers 413 past client_max_size
+    except TimeoutError:
+        raise request_timeout(timeout) from None
+    except web.RequestPayloadError:  # a body that does not decode (Content-Encoding: gzip...)
+        raise web.HTTPBadRequest(
+            text="400: the body could not be read: it does not match its Content-Encoding "
+            "or Transfer-Encoding"
+        ) from None
+    except ConnectionError:  # the client left mid-body: a refusal, not the gateway's error
+        raise web.HTTPBadRequest(
+            text="400: the connection closed before the body arrived"
+        ) from None
+
+
+def _unprocessable(reason: str, limit: int = 2_000) -> web.HTTPException:
+    if len(reason) > limit:  # a message function's own words may be long
+        reason = reason[:limit] + f"... ({len(reason) - limit} more characters)"
     return web.HTTPUnprocessableEntity(text=f"422: {reason}")
 
 
-def _unavailable(reason: str, retry_after: float) -> web.HTTPException:
+def _unavailable(retry_after: float) -> web.HTTPException:
+    """``503``: nothing internal in the body (a Redis address); the log gets the cause."""
     return web.HTTPServiceUnavailable(
-        text=f"503: {reason}", headers={hdrs.RETRY_AFTER: str(max(1, round(retry_after)))}
+        text="503: the gateway cannot take messages now: retry later",
+        headers={hdrs.RETRY_AFTER: str(max(1, round(retry_after)))},
     )
 
 
@@ -154,8 +203,9 @@ def health_handler(
         try:
             result = await call_user_function(decorator, request, timeout)
         except Exception as error:  # noqa: BLE001 - a failing health check means unhealthy
+            # The error (a database address...) goes to the log, not to whoever asked.
             logger.warning("the health check raised: %s", error)
-            return web.Response(status=503, text=f"503: the health check failed: {error}")
+            return web.Response(status=503, text="503: the health check failed")
         if isinstance(result, web.StreamResponse):
             return result
         return web.json_response(result)

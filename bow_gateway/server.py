@@ -185,7 +185,14 @@ class Bow:
             ],
         )
         for spec in self._inbounds.values():
-            handler = message_handler(spec, publish, self.metrics, timeout=config.inbound_timeout)
+            handler = message_handler(
+                spec,
+                publish,
+                self.metrics,
+                timeout=config.inbound_timeout,
+                max_queries=config.max_queries,
+                max_predicates=config.max_predicates,
+            )
             app.router.add_post(spec.path, handler)
         app.router.add_get(
             HEALTH_PATH,

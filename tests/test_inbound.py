@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
 
 from bow_gateway import Bow
 
+from .redis_server import RedisServer
 from .support import AUTH, PASSWORD, PATH, REALM, USER, Listener, base_config, standard_bow
 
 Push = Callable[..., Awaitable[aiohttp.ClientResponse]]
@@ -191,7 +195,8 @@ async def test_a_payload_json_cannot_hold_gets_422_not_500(
 async def test_json_that_is_not_strict_json_gets_422(
     http: aiohttp.ClientSession, url: str, body: bytes
 ) -> None:
-    async with http.post(url + PATH, data=body, headers=AUTH) as response:
+    headers = {**AUTH, "Content-Type": "application/json"}
+    async with http.post(url + PATH, data=body, headers=headers) as response:
         assert response.status == 422
         assert "not JSON" in await response.text()
 
@@ -279,3 +284,165 @@ async def test_health_is_503_once_the_instance_stops_serving(
     ) as response:
         assert response.status == 503
         assert "Retry-After" in response.headers
+
+
+# -- hostile bodies: bounded audiences, JSON only, reserved names, nothing internal ------------
+
+
+def json_headers(content_type: str = "application/json") -> dict[str, str]:
+    return {**AUTH, "Content-Type": content_type}
+
+
+async def test_an_audience_over_max_queries_gets_a_short_422(
+    http: aiohttp.ClientSession, url: str
+) -> None:
+    body = orjson.dumps({"name": "X", "audience": [{}] * 349_000})  # 1 MB: 30 MB of errors before
+    async with http.post(url + PATH, data=body, headers=json_headers()) as response:
+        assert response.status == 422
+        text = await response.text()
+    assert "audience: at most 1000 queries, not 349000" in text
+    assert len(text) < 4_096
+
+
+async def test_an_audience_over_max_queries_is_refused_without_walking_it(
+    http: aiohttp.ClientSession, url: str
+) -> None:
+    body = orjson.dumps({"name": "X", "audience": [{}] * 349_000})
+    started = time.perf_counter()
+    async with http.post(url + PATH, data=body, headers=json_headers()) as response:
+        assert response.status == 422
+    assert time.perf_counter() - started < 1.0  # 3.4 s of validation before
+
+
+async def test_the_refusal_of_a_huge_audience_is_logged_on_a_short_line(
+    http: aiohttp.ClientSession, url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = orjson.dumps({"name": "X", "audience": [{"k": None}] * 1_000})
+    with caplog.at_level(logging.INFO, logger="bow_gateway.inbound"):
+        async with http.post(url + PATH, data=body, headers=json_headers()) as response:
+            assert response.status == 422
+    refusals = [record.getMessage() for record in caplog.records if "refused" in record.msg]
+    assert refusals and all(len(line) < 4_096 for line in refusals)
+    assert "audience.0.k:" in refusals[0] and "faulty queries" in refusals[0]
+
+
+async def test_a_query_over_max_predicates_gets_422(push: Push) -> None:
+    query = {f"key{number}": number for number in range(33)}
+    response = await push({"name": "X", "audience": [{"role": "admin"}, query]})
+    assert response.status == 422
+
+
+async def test_the_audience_bounds_are_configurable(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    config = base_config()
+    config["inbound"] = {**config["inbound"], "max_queries": 2, "max_predicates": 1}
+    bow = await start_bow(standard_bow(config))
+    target = f"http://127.0.0.1:{bow.port}{PATH}"
+    for audience, status in [
+        ([{"a": 1}, {"b": 2}], 204),
+        ([{"a": 1}, {"b": 2}, {"c": 3}], 422),
+        ([{"a": 1, "b": 2}], 422),
+    ]:
+        body = {"name": "X", "audience": audience}
+        async with http.post(target, json=body, headers=AUTH) as response:
+            assert response.status == status, audience
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "connect",
+        "connect_error",
+        "disconnect",
+        "disconnecting",
+        "newListener",
+        "removeListener",
+        "alert",
+    ],
+)
+async def test_a_message_named_as_a_client_event_gets_422(push: Push, name: str) -> None:
+    response = await push({"name": name, "audience": [{"role": "admin"}]})
+    assert response.status == 422
+    assert f"name: {name!r} is reserved" in await response.text()
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/octet-stream",
+        "text/json",
+        "application/jsonp",
+    ],
+)
+async def test_a_json_body_sent_as_another_content_type_gets_422(
+    http: aiohttp.ClientSession, url: str, content_type: str
+) -> None:
+    body = orjson.dumps(MESSAGE)  # what a cross-site form can be made to send
+    async with http.post(url + PATH, data=body, headers=json_headers(content_type)) as response:
+        assert response.status == 422
+        assert "application/json" in await response.text()
+
+
+async def test_a_json_body_without_content_type_gets_422(
+    http: aiohttp.ClientSession, url: str
+) -> None:
+    async with http.post(
+        url + PATH, data=orjson.dumps(MESSAGE), headers=AUTH, skip_auto_headers=["Content-Type"]
+    ) as response:
+        assert response.status == 422
+        assert "no Content-Type" in await response.text()
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/json; charset=utf-8", "Application/JSON", "application/vnd.api+json"],
+)
+async def test_json_content_types_with_parameters_or_a_json_suffix_are_accepted(
+    http: aiohttp.ClientSession, url: str, content_type: str
+) -> None:
+    body = orjson.dumps(MESSAGE)
+    async with http.post(url + PATH, data=body, headers=json_headers(content_type)) as response:
+        assert response.status == 204
+
+
+async def test_a_compressed_body_that_does_not_decode_gets_400(
+    http: aiohttp.ClientSession, url: str
+) -> None:
+    headers = {**json_headers(), "Content-Encoding": "gzip"}
+    async with http.post(url + PATH, data=b"not gzip at all", headers=headers) as response:
+        assert response.status == 400
+        assert "Content-Encoding" in await response.text()
+
+
+async def test_a_503_body_does_not_name_the_redis_address(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    with RedisServer() as redis_server:
+        config = base_config(redis=redis_server.url, backplane={"connect_retries": 0})
+        bow = await start_bow(standard_bow(config))
+        redis_server.stop()
+        for _ in range(3):  # whether the gateway has noticed the loss yet or not
+            async with http.post(
+                f"http://127.0.0.1:{bow.port}{PATH}", json=MESSAGE, headers=AUTH
+            ) as response:
+                assert response.status == 503
+                assert "Retry-After" in response.headers
+                text = await response.text()
+            assert "127.0.0.1" not in text and str(redis_server.port) not in text
+            assert "cannot take messages now" in text
+
+
+async def test_a_failing_health_check_does_not_tell_its_error(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    def check(request: web.Request) -> Any:
+        raise ConnectionError("cannot reach the database at 10.1.2.3:5432")
+
+    bow = await start_bow(standard_bow().health_check(check))
+    async with http.get(f"http://127.0.0.1:{bow.port}/health") as response:
+        assert response.status == 503
+        assert "10.1.2.3" not in await response.text()

@@ -107,3 +107,16 @@ def test_what_json_cannot_hold_is_a_value_error() -> None:
         encode_event(event)
     with pytest.raises(ValueError):
         parse_json(b"NaN")
+
+
+def test_repeated_queries_are_kept_once_whatever_their_key_order() -> None:
+    audience = [{"role": "author", "blogId": 42}, {"blogId": 42, "role": "author"}] * 400
+    message = validate_message(
+        {"name": "N", "audience": [*audience, {"blogId": 42.0, "role": "author"}]}
+    )
+    assert message.audience == [{"role": "author", "blogId": 42}]
+
+
+def test_queries_that_differ_in_json_are_all_kept() -> None:
+    audience = [{"flag": 1}, {"flag": True}, {"flag": "1"}]
+    assert validate_message({"name": "N", "audience": audience}).audience == audience
