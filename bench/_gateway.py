@@ -48,7 +48,7 @@ OUTBOUND_VERSION = "v1.3"
 def build(
     host: str,
     auth_timeout: float,
-    max_queued_frames: int,
+    max_buffered_bytes: int,
     redis: str | None = None,
     namespace: str = "bow",
     port: int = 0,
@@ -61,7 +61,7 @@ def build(
         "redis": redis,
         "namespace": namespace,
         "inbound": {"realm": REALM, "username": USER, "password": PASSWORD},
-        "outbound": {"timeout": auth_timeout, "max_queued_frames": max_queued_frames},
+        "outbound": {"timeout": auth_timeout, "max_buffered_bytes": max_buffered_bytes},
         "middleware": {"log_interval": None},
     }
     return (
@@ -190,7 +190,7 @@ async def serve(args: argparse.Namespace) -> None:
     bow = build(
         args.host,
         args.auth_timeout,
-        args.max_queued_frames,
+        args.max_buffered_bytes,
         args.redis,
         args.namespace,
         args.port,
@@ -253,7 +253,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="the gateway under benchmark")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--auth-timeout", type=float, default=60.0)
-    parser.add_argument("--max-queued-frames", type=int, default=1_000)
+    parser.add_argument("--max-buffered-bytes", type=int, default=1_048_576)
     parser.add_argument("--profile", help="where SIGUSR2 writes the cProfile stats")
     parser.add_argument("--redis", help="a redis:// URL: the Redis backplane instead of memory")
     parser.add_argument("--namespace", default="bow", help="the Redis namespace (with --redis)")

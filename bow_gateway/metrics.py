@@ -36,6 +36,12 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
+        self.connections_open = Gauge(
+            "bow_connections_open",
+            "Engine.IO connections open, from their first request, authenticated or not.",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
         self.sockets_connected = Gauge(
             "bow_sockets_connected",
             "Socket.IO connections open, by outbound version.",

@@ -24,10 +24,12 @@ from .criteria import ID_KEY, Criteria, ListenerId, validate_criteria, validate_
 from .index import CriteriaIndex
 from .message import DISCONNECT, CriteriaEvent, Event, MessageEvent, dumps
 from .metrics import Metrics
+from .ratelimit import rate_limited
 from .userfn import call_user_function, describe
-from .websocket import WebSocketDriver, make_lean, websocket_frame
+from .websocket import LeanSocket, WebSocketDriver, make_lean, websocket_frame
 
 logger = logging.getLogger("bow_gateway.outbound")
+transport_logger = rate_limited("bow_gateway.transport")
 
 YIELD_EVERY: Final = 1_000  # sockets written between two yields to the event loop
 
@@ -57,7 +59,6 @@ class Connection:
         "listener_id",
         "outbound",
         "sid",
-        "timer",
         "transport",
     )
 
@@ -69,7 +70,6 @@ class Connection:
         self.details: Mapping[str, Any] | None = None  # kept if the middleware watches changes
         self.authenticating = False
         self.closing: str | None = None  # why the gateway is closing it (refused, slow, ...)
-        self.timer: asyncio.TimerHandle | None = None
         # Set once the socket is a websocket (LeanSocket.transport): frames are written to it.
         self.transport: asyncio.Transport | None = None
 
@@ -99,7 +99,10 @@ class _Server(socketio.AsyncServer):  # type: ignore[misc]
 
     - ``authenticate`` handlers learn whether the client asked for an acknowledgement, which the
       contract requires and python-socketio hides;
-    - a malformed packet costs its own socket an ``alert`` and a disconnect, and nothing else.
+    - every Engine.IO connection, with a Socket.IO connection or not, is known to the outbound
+      from its start, so that one never authenticated is closed in time;
+    - a malformed packet, or a binary one (the gateway needs none), costs its own socket an
+      ``alert`` and a disconnect, and nothing else.
     """
 
     def __init__(self, outbound: SocketOutbound, **kwargs: Any) -> None:
@@ -118,19 +121,31 @@ class _Server(socketio.AsyncServer):  # type: ignore[misc]
 
     async def _handle_eio_connect(self, eio_sid: str, environ: Any) -> None:
         make_lean(self.eio, eio_sid)
+        self._outbound.opened(eio_sid)
         await super()._handle_eio_connect(eio_sid, environ)
+
+    async def _handle_eio_disconnect(self, eio_sid: str, reason: Any) -> None:
+        self._outbound.closed(eio_sid)
+        await super()._handle_eio_disconnect(eio_sid, reason)
 
     async def _handle_eio_message(self, eio_sid: str, data: Any) -> None:
         try:
+            if data[:1] in _BINARY_TYPES:
+                raise ValueError("a binary event or ack (this gateway takes no attachments)")
             await super()._handle_eio_message(eio_sid, data)
         except Exception as error:  # noqa: BLE001 - whatever a hostile client sent
-            logger.info("malformed packet from %s: %s", eio_sid, error)
+            transport_logger.info("malformed packet from %s: %s", eio_sid, error)
             await self._outbound.refuse_eio(eio_sid, f"malformed packet: {error}")
 
     async def send_ack(self, eio_sid: str, id: int) -> None:
         await self._send_packet(
             eio_sid, self.packet_class(sio_packet.ACK, namespace="/", id=id, data=[])
         )
+
+
+_BINARY_TYPES: Final = frozenset(
+    {str(sio_packet.BINARY_EVENT), str(sio_packet.BINARY_ACK)}
+)  # Socket.IO packets that announce attachments
 
 
 class SocketOutbound:
@@ -144,8 +159,8 @@ class SocketOutbound:
         indices: Mapping[str, CriteriaIndex[Connection]],
         publish: Callable[[Event], Awaitable[None]],
         auth_timeout: float = 5.0,
-        max_queued_frames: int = 1_000,
         max_buffered_bytes: int = 1_048_576,
+        max_incoming_bytes: int = 16_384,
         transports: list[str] | None = None,
         metrics: Metrics | None = None,
     ) -> None:
@@ -154,21 +169,25 @@ class SocketOutbound:
         self._indices = indices
         self._publish = publish
         self._auth_timeout = auth_timeout
-        self._max_queued_frames = max_queued_frames
         self._max_buffered_bytes = max_buffered_bytes
         self.metrics = metrics or Metrics()
         self.connections: dict[str, Connection] = {}
         self.connects = 0  # connections accepted so far
         self._tasks: set[asyncio.Task[None]] = set()
         self._refreshes: dict[str, int] = {}  # per middleware version: refreshes begun
+        # Engine.IO connections not authenticated yet, and when they must be
+        self._deadlines: dict[str, asyncio.TimerHandle] = {}
         self.sio = _Server(
             self,
             async_mode="aiohttp",
             namespaces="*",
             cors_allowed_origins="*",
             transports=transports or ["polling", "websocket"],
-            logger=False,
-            engineio_logger=False,
+            # Their own loggers, at WARNING: at INFO they log every packet with its data
+            # (tokens); and never a handler of their own, which writes around the log's format.
+            logger=_library_logger("bow_gateway.socketio"),
+            engineio_logger=_library_logger("bow_gateway.engineio"),
+            max_http_buffer_size=max_incoming_bytes,
             client_manager=_Manager(),
         )
         self.sio.eio._async = {**self.sio.eio._async, "websocket": WebSocketDriver}
@@ -198,9 +217,6 @@ class SocketOutbound:
             )
         eio_sid = self.sio.manager.eio_sid_from_sid(sid, "/")
         connection = Connection(sid, eio_sid, outbound)
-        connection.timer = asyncio.get_running_loop().call_later(
-            self._auth_timeout, self._expire, connection
-        )
         self.connections[sid] = connection
         self.connects += 1
         self.metrics.sockets_connected.labels(outbound.version).inc()
@@ -221,9 +237,6 @@ class SocketOutbound:
         connection = self.connections.pop(sid, None)
         if connection is None:
             return
-        if connection.timer is not None:
-            connection.timer.cancel()
-            connection.timer = None
         version = connection.outbound.version
         self.metrics.sockets_connected.labels(version).dec()
         if connection.listener_id is not None:
@@ -234,10 +247,32 @@ class SocketOutbound:
         connection.closing = why  # a delivery under way skips it from now on
         self.metrics.disconnects.labels(why).inc()
         logger.info("socket %s disconnected: %s", sid, why)
+        socket = self.sio.eio.sockets.get(connection.eio_sid)
+        if socket is not None and not (socket.closing or socket.closed):
+            # The client left the namespace but kept the connection, which serves nothing now.
+            self.spawn(self._close_transport(connection.eio_sid))
 
-    def _expire(self, connection: Connection) -> None:
-        connection.timer = None
-        if connection.listener_id is None and connection.sid in self.connections:
+    def opened(self, eio_sid: str) -> None:
+        """An Engine.IO connection opened: it has ``auth_timeout`` to be authenticated."""
+        self.metrics.connections_open.inc()
+        loop = asyncio.get_running_loop()
+        self._deadlines[eio_sid] = loop.call_later(self._auth_timeout, self._expire, eio_sid)
+
+    def closed(self, eio_sid: str) -> None:
+        self.metrics.connections_open.dec()
+        deadline = self._deadlines.pop(eio_sid, None)
+        if deadline is not None:
+            deadline.cancel()
+
+    def _expire(self, eio_sid: str) -> None:
+        """Close a connection not authenticated in time, whatever it did or did not send."""
+        self._deadlines.pop(eio_sid, None)
+        sid = self.sio.manager.sid_from_eio_sid(eio_sid, "/")
+        connection = self.connections.get(sid) if sid is not None else None
+        if connection is None:  # Engine.IO only, refused, or the namespace left
+            self.metrics.disconnects.labels("timeout").inc()
+            self.spawn(self._close_transport(eio_sid))
+        elif connection.listener_id is None:
             reason = f"not authenticated within {self._auth_timeout:g} s of connecting"
             self.metrics.authentications.labels(connection.outbound.version, "timeout").inc()
             self.spawn(self.refuse(connection.sid, reason, "timeout"))
@@ -251,7 +286,7 @@ class SocketOutbound:
         await self._alert_and_close(connection, reason)
 
     async def _alert_and_close(self, connection: Connection, reason: str) -> None:
-        logger.info("refusing socket %s: %s", connection.sid, reason)
+        logger.debug("refusing socket %s: %s", connection.sid, reason)
         await self.sio.emit("alert", reason, to=connection.sid)
         await self.sio.disconnect(connection.sid)
         await self._close_transport(connection.eio_sid)
@@ -264,22 +299,15 @@ class SocketOutbound:
             await self._close_transport(eio_sid)
 
     async def _close_transport(self, eio_sid: str, *, abort: bool = False) -> None:
-        """Close one Engine.IO connection without waiting on its client.
+        """Close one Engine.IO connection without waiting on its client (:meth:`LeanSocket.shut`).
 
-        python-engineio's ``disconnect`` waits until the client has fetched the CLOSE packet,
-        which a long-polling client that has already left never does (``stop()`` then hung
-        forever). A websocket is closed from this side once CLOSE is written, rather than left
-        for the client to close: otherwise, during ``stop()``, the web server waited out its
-        whole shutdown timeout on the websocket's handler.
+        A websocket is closed from this side once CLOSE is written, rather than left for the
+        client to close: otherwise, during ``stop()``, the web server waited out its whole
+        shutdown timeout on the websocket's handler.
         """
-        socket = self.sio.eio.sockets.pop(eio_sid, None)
-        if socket is None:
-            return
-        # abort: no Engine.IO CLOSE packet, so that the client takes it for a lost connection
-        # and reconnects, as it should when this instance goes away.
-        await socket.close(wait=False, abort=abort, reason=self.sio.eio.reason.SERVER_DISCONNECT)
-        if not socket.upgraded and abort:
-            await socket.queue.put(None)  # ends a long-poll under way (a websocket is closed)
+        socket: LeanSocket | None = self.sio.eio.sockets.get(eio_sid)
+        if socket is not None:
+            await socket.shut(abort=abort)
 
     # -- authentication ---------------------------------------------------------------------
 
@@ -307,9 +335,9 @@ class SocketOutbound:
             connection.authenticating = False
         if self.connections.get(sid) is not connection or connection.closing is not None:
             return  # disconnected (or timed out) while the user's functions ran
-        if connection.timer is not None:
-            connection.timer.cancel()
-            connection.timer = None
+        deadline = self._deadlines.pop(eio_sid, None)
+        if deadline is not None:
+            deadline.cancel()
         listener_id = details["id"]
         connection.listener_id = listener_id
         if callable(getattr(self._middlewares[outbound.middleware_version], "watch", None)):
@@ -449,8 +477,8 @@ class SocketOutbound:
             connection.transport = transport
             socket.write(frame)
             return True
-        if socket.queue.qsize() >= self._max_queued_frames:
-            self._too_slow(connection, f"{self._max_queued_frames} messages")
+        if socket.queued_bytes > self._max_buffered_bytes:
+            self._too_slow(connection, f"{self._max_buffered_bytes} bytes")
             return False
         await socket.send(eio_packet.Packet(eio_packet.MESSAGE, encoded.decode()))
         return True
@@ -468,9 +496,9 @@ class SocketOutbound:
             task.cancel()
         for connection in list(self.connections.values()):
             connection.closing = "shutdown"
-            if connection.timer is not None:
-                connection.timer.cancel()
-                connection.timer = None
+        for deadline in self._deadlines.values():
+            deadline.cancel()
+        self._deadlines.clear()
         for eio_sid in list(self.sio.eio.sockets):
             await self._close_transport(eio_sid, abort=True)
 
@@ -480,6 +508,13 @@ class SocketOutbound:
 
 class _Refusal(Exception):
     """Authentication failed; the text is what the client reads in its ``alert``."""
+
+
+def _library_logger(name: str) -> logging.Logger:
+    """A logger for python-socketio or python-engineio: WARNING and up, rate-limited."""
+    library_logger = rate_limited(name)
+    library_logger.setLevel(logging.WARNING)
+    return library_logger
 
 
 def _forget_headers(environ: Mapping[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""Engine.IO's websocket transport, lean: no task, queue or timer per packet, no compression.
+"""Engine.IO's transports, lean and guarded: no task, queue or timer per websocket packet, no
+compression, and a client that breaks the protocol costs only its own connection.
 
 python-engineio serves a websocket with a reader loop that starts a task and a ``wait_for`` per
 packet received, a writer task that waits on a queue (another ``wait_for`` and task per wake-up)
@@ -6,7 +7,12 @@ and a task per socket per ping: at 10,000 sockets, most of the gateway's objects
 idle CPU. :class:`LeanSocket` keeps engineio's protocol and its server's bookkeeping, and
 replaces that machinery for the websocket transport: one reader loop (the websocket's own
 request task), packets written straight to the transport, pings from a timer. Long-polling
-sockets behave exactly as engineio's.
+sockets keep engineio's queue, with bounds: a poll response carries at most what python-engineio's
+client accepts, the queue is counted in bytes, and a client that stops polling is dropped.
+
+Whatever the transport, a client may send only what Engine.IO clients send (``PONG``, text
+``MESSAGE``, ``CLOSE``), each packet at most ``max_http_buffer_size`` bytes, at a bounded rate:
+anything else closes its connection at once, with one rate-limited log line and no traceback.
 
 The seams it relies on are python-engineio 4.x's (pinned in setup.cfg): the server's
 ``_async["websocket"]`` driver, :class:`engineio.async_socket.AsyncSocket`'s methods, and
@@ -27,6 +33,27 @@ from engineio import exceptions as eio_exceptions
 from engineio import packet as eio_packet
 from engineio.async_drivers import aiohttp as eio_aiohttp
 from engineio.async_socket import AsyncSocket
+from engineio.payload import Payload
+
+from .ratelimit import TokenBucket, rate_limited
+
+logger = rate_limited("bow_gateway.transport")
+
+POLL_PACKETS: Final = Payload.max_decode_packets
+"""At most this many packets in one poll response: python-engineio's client refuses more (and
+reconnects, abandoning what the response carried)."""
+POLL_BYTES: Final = 262_144
+"""A poll response stops growing past this many bytes (its first packet always goes)."""
+PACKET_OVERHEAD: Final = 64
+"""Bytes a queued packet is counted for beyond its data, so that tiny ones are bounded too."""
+INCOMING_RATE: Final = 20.0
+INCOMING_BURST: Final = 100.0
+"""Packets a client may send: ``INCOMING_BURST`` at once, then ``INCOMING_RATE`` a second."""
+_ACCEPTED: Final = frozenset({eio_packet.PONG, eio_packet.MESSAGE, eio_packet.CLOSE})
+
+
+class ProtocolViolation(eio_exceptions.EngineIOError):  # type: ignore[misc]
+    """A client sent what no Engine.IO client sends: its connection is closed."""
 
 
 def websocket_frame(data: bytes, binary: bool = False) -> bytes:
@@ -104,9 +131,13 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
 
     transport: asyncio.Transport | None = None
     """Set while the socket is a websocket: what is sent is written straight to it."""
+    queued_bytes: int = 0
+    """What waits in engineio's queue for a long-poll, in bytes (:data:`PACKET_OVERHEAD` each)."""
     _websocket: Any = None
     _ping_timer: asyncio.TimerHandle | None = None
+    _poll_timer: asyncio.TimerHandle | None = None
     _closer: asyncio.Future[Any] | None = None
+    _incoming: TokenBucket | None = None
     # engineio's own state, set by its constructor
     queue: Any  # an asyncio.Queue, then _DRAINED once the socket is a websocket
     last_ping: float | None
@@ -129,6 +160,7 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             if await self.check_ping_timeout():
                 self.write(_frame_of(pkt))
         elif self._websocket is None:
+            self.queued_bytes += _size(pkt)
             await super().send(pkt)  # long-polling, or not upgraded yet: engineio's queue
         # else the websocket is ending: nothing would ever read the queue
 
@@ -150,18 +182,114 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
         else:
             self.write(_frame_of(eio_packet.Packet(eio_packet.PING)))
 
+    async def poll(self) -> list[eio_packet.Packet]:
+        """What waits for a long-poll, bounded by :data:`POLL_PACKETS` and :data:`POLL_BYTES`:
+        the rest stays queued for the next poll."""
+        try:
+            async with asyncio.timeout(self.server.ping_interval + self.server.ping_timeout):
+                first = await self.queue.get()
+        except (TimeoutError, asyncio.CancelledError):
+            raise eio_exceptions.QueueEmpty() from None
+        self.queue.task_done()
+        if first is None:
+            return []
+        packets = [first]
+        size = _size(first)
+        while len(packets) < POLL_PACKETS and size < POLL_BYTES and not self.queue.empty():
+            pkt = self.queue.get_nowait()
+            self.queue.task_done()
+            if pkt is None:  # closed: the poll after this one ends at once
+                self.queue.put_nowait(None)
+                break
+            packets.append(pkt)
+            size += _size(pkt)
+        self.queued_bytes = max(0, self.queued_bytes - size)
+        return packets
+
     async def handle_get_request(self, environ: dict[str, Any]) -> Any:
+        self._cancel_poll_timer()
         try:
             return await super().handle_get_request(environ)
         except eio_exceptions.QueueEmpty as error:  # a long-poll that waited in vain
             # engineio raised it from a frame that holds it in a local (sys.exc_info()): a cycle
             traceback.clear_frames(error.__traceback__)
+        finally:
+            if not (self.upgrading or self.upgraded or self.closing or self.closed):
+                # A long-polling client polls again as soon as it has a response: one that
+                # does not within ping_timeout has gone, and nothing should wait for it.
+                loop = asyncio.get_running_loop()
+                self._poll_timer = loop.call_later(self.server.ping_timeout, self._poll_missed)
         raise eio_exceptions.QueueEmpty()
+
+    def _poll_missed(self) -> None:
+        self._poll_timer = None
+        if not (self.upgrading or self.upgraded or self.closing or self.closed):
+            reason = self.server.reason.PING_TIMEOUT
+            self._closer = asyncio.ensure_future(self.shut(abort=True, reason=reason))
+
+    def _cancel_poll_timer(self) -> None:
+        if self._poll_timer is not None:
+            self._poll_timer.cancel()
+            self._poll_timer = None
+
+    async def handle_post_request(self, environ: dict[str, Any]) -> None:
+        """Packets a long-polling client sent: at most ``max_http_buffer_size`` bytes of them."""
+        limit = self.server.max_http_buffer_size
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            if length > limit:
+                raise ProtocolViolation(f"a POST of {length} bytes (at most {limit})")
+            body = await environ["wsgi.input"].read(length)
+            try:
+                packets = Payload(encoded_payload=body.decode()).packets
+            except ValueError as error:  # also a body that is not UTF-8
+                raise ProtocolViolation(f"a malformed payload ({error})") from None
+            for pkt in packets:
+                await self.receive(pkt)
+        except ProtocolViolation as error:
+            await self.violated(error)
+            raise
+
+    async def receive(self, pkt: eio_packet.Packet) -> None:
+        if pkt.packet_type not in _ACCEPTED:
+            raise ProtocolViolation(f"an Engine.IO packet of type {pkt.packet_type!r}")
+        if not isinstance(pkt.data, str | None):
+            raise ProtocolViolation("a binary packet (this gateway takes none from clients)")
+        bucket = self._incoming
+        if bucket is None:
+            bucket = self._incoming = TokenBucket(INCOMING_RATE, INCOMING_BURST)
+        if not bucket.take():
+            raise ProtocolViolation(f"over {INCOMING_RATE:g} packets a second")
+        await super().receive(pkt)
+
+    async def violated(self, error: Exception) -> None:
+        """Close this connection for what its client sent; say so once, without a traceback.
+
+        The socket stays in the server's table: engineio's request handler forgets it.
+        """
+        logger.info("closing Engine.IO connection %s: it sent %s", self.sid, error)
+        await self._end(abort=True, reason=self.server.reason.TRANSPORT_ERROR)
+
+    async def shut(self, *, abort: bool = False, reason: Any = None) -> None:
+        """Close now, without waiting on the client, and forget the socket.
+
+        engineio's own ``disconnect`` waits until the client has fetched the CLOSE packet, which
+        a long-polling client that has left never does. ``abort``: no CLOSE packet, so that the
+        client takes it for a lost connection and reconnects.
+        """
+        self.server.sockets.pop(self.sid, None)
+        await self._end(abort=abort, reason=reason or self.server.reason.SERVER_DISCONNECT)
+
+    async def _end(self, *, abort: bool, reason: Any) -> None:
+        await self.close(wait=False, abort=abort, reason=reason)
+        if abort and self._websocket is None:
+            await self.queue.put(None)  # ends a long-poll under way
 
     async def close(self, wait: bool = True, abort: bool = False, reason: Any = None) -> None:
         if self._ping_timer is not None:
             self._ping_timer.cancel()
             self._ping_timer = None
+        self._cancel_poll_timer()
         await super().close(wait=wait, abort=abort, reason=reason)
         websocket = self._websocket
         if websocket is not None and not websocket._sock.closed:
@@ -200,6 +328,7 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             if pkt is not None:
                 self.write(_frame_of(pkt))
         self.queue = _DRAINED
+        self.queued_bytes = 0
         try:
             if not (self.closing or self.closed):  # it may have been closed while upgrading
                 await self._read(ws)
@@ -220,17 +349,24 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             if data is None or len(data) > limit:
                 return
             try:
-                pkt = eio_packet.Packet(encoded_packet=data)
-            except ValueError:  # not an Engine.IO packet: the connection is broken
+                await self.receive(_decode(data))
+            except ProtocolViolation as error:
+                await self.violated(error)
                 return
-            try:
-                await self.receive(pkt)
-            except eio_exceptions.UnknownPacketError:
-                pass
             except eio_exceptions.SocketIsClosedError:
                 return
-            except Exception:
-                self.server.logger.exception("Unknown receive error")
+
+
+def _decode(data: str | bytes) -> eio_packet.Packet:
+    try:
+        return eio_packet.Packet(encoded_packet=data)
+    except ValueError:  # also a bad base64 payload
+        raise ProtocolViolation("a frame that is not an Engine.IO packet") from None
+
+
+def _size(pkt: eio_packet.Packet) -> int:
+    data = pkt.data
+    return PACKET_OVERHEAD + (len(data) if isinstance(data, str | bytes) else 0)
 
 
 def make_lean(server: Any, eio_sid: str) -> None:

@@ -100,3 +100,18 @@ class _NoData:
 
 _NO_DATA = _NoData()
 NO_DATA: Any = _NO_DATA
+
+
+async def read_metric(http: aiohttp.ClientSession, url: str, sample: str) -> float:
+    """The value of one sample of ``GET /metrics`` (``0.0`` when absent)."""
+    async with http.get(url + "/metrics") as response:
+        for line in (await response.text()).splitlines():
+            if line.startswith(sample + " "):
+                return float(line.split()[-1])
+    return 0.0
+
+
+def short_heartbeats(bow: Bow) -> None:
+    """Engine.IO pings every second, answered within one (the default is 25 s and 20 s)."""
+    eio = bow._outbound.sio.eio  # type: ignore[union-attr]
+    eio.ping_interval, eio.ping_timeout = 1, 1

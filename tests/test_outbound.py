@@ -22,7 +22,18 @@ from bow_gateway.middlewares.claims import criteria_from_claim
 
 from bow_gateway import Bow
 
-from .support import AUTH, NO_DATA, PATH, SECRET, Listener, base_config, standard_bow, token
+from .support import (
+    AUTH,
+    NO_DATA,
+    PATH,
+    SECRET,
+    Listener,
+    base_config,
+    read_metric,
+    short_heartbeats,
+    standard_bow,
+    token,
+)
 
 WAIT = 5.0  # seconds any single expected thing may take before the test fails
 CRITERIA_FROM_CLAIM = criteria_from_claim()
@@ -587,6 +598,53 @@ async def test_socket_that_never_authenticates_gets_alert_then_disconnect(
     await gateway.sentinel([{"__id": "USER/1"}], bystander)
 
 
+async def gone_within(ws: aiohttp.ClientWebSocketResponse, seconds: float) -> float:
+    """Read ``ws`` until the gateway closes it; how long that took (fails past ``seconds``)."""
+    started = time.monotonic()
+    while (await ws.receive(timeout=seconds)).type == aiohttp.WSMsgType.TEXT:
+        pass
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize(
+    ("query", "sends"),
+    [
+        ("v=1.3", []),  # Engine.IO only: never a Socket.IO connect
+        ("v=1.3", ["40"]),  # connected, never authenticated
+        ("", ["40"]),  # a connect refused for a missing ?v=
+        ("v=1.3", ["40/admin,"]),  # a connect to a namespace refused
+    ],
+    ids=["engine-io-only", "connected", "refused-version", "refused-namespace"],
+)
+async def test_a_connection_never_authenticated_is_closed_after_the_timeout_and_counted(
+    serve: Callable[[Bow], Awaitable[Gateway]],
+    http: aiohttp.ClientSession,
+    query: str,
+    sends: list[str],
+) -> None:
+    # Regression: all but a connected socket stayed open indefinitely, uncounted.
+    gateway = await serve(standard_bow(base_config(outbound={"timeout": 0.5})))
+    ws = await http.ws_connect(gateway.url + f"/socket.io/?EIO=4&transport=websocket&{query}")
+    assert (await ws.receive_str(timeout=WAIT)).startswith("0{")
+    for packet in sends:
+        await ws.send_str(packet)
+    assert await metric(gateway, "bow_connections_open") == 1
+    assert 0.4 <= await gone_within(ws, 3) < 3
+    assert await metric(gateway, "bow_connections_open") == 0
+    timeouts = await metric(gateway, 'bow_disconnects_total{reason="timeout"}')
+    assert timeouts == 1
+
+
+async def test_a_socket_that_leaves_the_namespace_is_closed_at_once(
+    gateway: Gateway, http: aiohttp.ClientSession
+) -> None:
+    # Regression: "40" then "41" left an Engine.IO connection open, outside every timeout.
+    ws = await raw_websocket_listener(http, gateway.url, token("USER/1"))
+    await ws.send_str("41")
+    assert await gone_within(ws, 1) < 1
+    assert await metric(gateway, "bow_connections_open") == 0
+
+
 @pytest.mark.parametrize("hanging", ["listener_fn", "criteria_fn"])
 async def test_hanging_coroutine_user_function_is_bounded_by_the_timeout(
     serve: Callable[[Bow], Awaitable[Gateway]], hanging: str
@@ -832,6 +890,8 @@ async def test_disconnected_listener_can_reconnect_and_receive(gateway: Gateway)
         "9",
         "x",
         "",
+        '51-["authenticate",{"_placeholder":true,"num":0}]',
+        '69999999999-[{"_placeholder":true,"num":0}]',
     ],
     ids=[
         "unterminated-json",
@@ -843,6 +903,8 @@ async def test_disconnected_listener_can_reconnect_and_receive(gateway: Gateway)
         "unknown-packet-type",
         "not-a-packet",
         "empty",
+        "binary-event",  # regression: attachments were awaited and kept in memory
+        "binary-ack",
     ],
 )
 async def test_malformed_packet_gets_alert_and_disconnects_that_socket_only(
@@ -982,11 +1044,7 @@ async def test_a_socket_that_stops_reading_is_dropped_as_too_slow_and_no_other(
 
 
 async def metric(gateway: Gateway, sample: str) -> float:
-    async with gateway.http.get(gateway.url + "/metrics") as response:
-        for line in (await response.text()).splitlines():
-            if line.startswith(sample + " "):
-                return float(line.split()[-1])
-    return 0.0
+    return await read_metric(gateway.http, gateway.url, sample)
 
 
 async def test_messages_keep_their_order_across_the_upgrade_to_websocket(
@@ -1015,14 +1073,8 @@ async def test_messages_keep_their_order_across_the_upgrade_to_websocket(
 # -- heartbeats over the lean websocket transport -----------------------------------------------
 
 
-def short_heartbeats(gateway: Gateway) -> None:
-    """Engine.IO pings every second, answered within one (the default is 25 s and 20 s)."""
-    eio = gateway.bow._outbound.sio.eio  # type: ignore[union-attr]
-    eio.ping_interval, eio.ping_timeout = 1, 1
-
-
 async def test_pings_keep_an_idle_websocket_open(gateway: Gateway) -> None:
-    short_heartbeats(gateway)
+    short_heartbeats(gateway.bow)
     client = await gateway.jwt_listener("USER/1")
     await asyncio.sleep(3.5)  # three pings, answered by the client
     assert client.client.connected
@@ -1032,7 +1084,7 @@ async def test_pings_keep_an_idle_websocket_open(gateway: Gateway) -> None:
 async def test_a_websocket_that_stops_answering_pings_is_closed_and_no_other(
     gateway: Gateway, http: aiohttp.ClientSession
 ) -> None:
-    short_heartbeats(gateway)
+    short_heartbeats(gateway.bow)
     bystander = await gateway.jwt_listener("USER/1")
     silent = await raw_websocket_listener(http, gateway.url, token("USER/2"))
     try:

@@ -11,17 +11,29 @@ from __future__ import annotations
 import asyncio
 import collections
 import gc
+import json
+import logging
 import sys
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 
 from bow_gateway import Bow
 from bow_gateway.message import DISCONNECT, Message, MessageEvent
 
-from .support import base_config, standard_bow, token
+from .support import (
+    AUTH,
+    PATH,
+    Listener,
+    base_config,
+    read_metric,
+    short_heartbeats,
+    standard_bow,
+    token,
+)
 
 SOCKETS = 30
 WAIT = 30.0
@@ -186,3 +198,219 @@ async def test_a_closed_connection_leaves_no_reference_cycles(
     # Before the cycles were broken: 10 to 15 such objects per closed socket.
     total = sum(left.values())
     assert total <= SOCKETS // 10, f"{total} objects in reference cycles: {left.most_common(6)}"
+
+
+# -- a client that breaks Engine.IO costs only its own connection ------------------------------
+
+WS_PATH = "/socket.io/?EIO=4&transport=websocket&v=1.3"
+POLL_PATH = "/socket.io/?EIO=4&transport=polling&v=1.3"
+TRANSPORT_LOGGER = "bow_gateway.transport"
+
+
+async def open_websocket(http: aiohttp.ClientSession, url: str) -> aiohttp.ClientWebSocketResponse:
+    ws = await http.ws_connect(url + WS_PATH, autoping=False)
+    assert (await ws.receive_str(timeout=WAIT)).startswith("0{")  # Engine.IO open
+    return ws
+
+
+async def closed_by_gateway(ws: aiohttp.ClientWebSocketResponse, within: float = 2.0) -> bool:
+    """Read until the gateway closes ``ws``; whether it did within ``within`` seconds (sooner
+    than the authentication timeout of 5 s)."""
+    try:
+        while (await ws.receive(timeout=within)).type in (
+            aiohttp.WSMsgType.TEXT,
+            aiohttp.WSMsgType.BINARY,
+        ):
+            pass
+    except TimeoutError:
+        return False
+    return True
+
+
+class Polling:
+    """A raw long-polling Engine.IO client: what a test says is all it sends."""
+
+    def __init__(self, http: aiohttp.ClientSession, url: str) -> None:
+        self.http, self.url, self.sid = http, url, ""
+
+    async def open(self) -> None:
+        async with self.http.get(self.url + POLL_PATH) as response:
+            text = await response.text()
+        assert text.startswith("0{"), text
+        self.sid = json.loads(text[1:])["sid"]
+
+    async def post(self, body: str | bytes) -> int:
+        async with self.http.post(self.url + POLL_PATH + f"&sid={self.sid}", data=body) as response:
+            await response.read()
+            return response.status
+
+    async def poll(self) -> tuple[int, list[str]]:
+        async with self.http.get(self.url + POLL_PATH + f"&sid={self.sid}") as response:
+            return response.status, (await response.text()).split("\x1e")
+
+    async def listen(self, listener_token: str) -> None:
+        """Connect to "/" and authenticate, reading the answers."""
+        assert await self.post("40") == 200
+        assert (await self.poll())[1][0].startswith("40{")
+        assert await self.post(f'421["authenticate","{listener_token}"]') == 200
+        assert (await self.poll())[1] == ["431[]"]
+
+
+def transport_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [record for record in caplog.records if record.name == TRANSPORT_LOGGER]
+
+
+async def still_served(bow: Bow, listener: Listener, push: Any) -> None:
+    assert listener.client.connected
+    await push({"name": "still-here", "audience": [{"__id": "USER/1"}]})
+    assert (await listener.next_event())[0] == "still-here"
+
+
+@pytest.mark.parametrize("frame", ["7", "8", "9", "0", "2", "5", "6"])
+async def test_an_engine_io_packet_no_client_sends_closes_that_websocket_with_one_log_line(
+    bow: Bow,
+    url: str,
+    http: aiohttp.ClientSession,
+    listeners: Any,
+    push: Any,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+    frame: str,
+) -> None:
+    # Regression: each of 20,000 such frames logged a traceback twice (once as plain text
+    # around the JSON lines) and the socket stayed open: a 3-5 s stall for every client.
+    caplog.set_level(logging.INFO)
+    bystander = await listeners("USER/1", {})
+    ws = await open_websocket(http, url)
+    for _ in range(50):
+        await ws.send_str(frame)
+    assert await closed_by_gateway(ws)
+    await still_served(bow, bystander, push)
+    assert len(transport_lines(caplog)) == 1
+    assert not [record for record in caplog.records if record.exc_info]
+    assert "Traceback" not in capfd.readouterr().err
+
+
+async def test_an_engine_io_packet_no_client_sends_closes_that_long_polling_connection(
+    bow: Bow, url: str, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    client = Polling(http, url)
+    await client.open()
+    assert await client.post("7") == 400
+    assert (await client.poll())[0] == 400  # the session is gone
+    assert len(transport_lines(caplog)) == 1
+    assert not [record for record in caplog.records if record.exc_info]
+
+
+async def test_a_binary_websocket_frame_closes_that_websocket(
+    bow: Bow, url: str, http: aiohttp.ClientSession, listeners: Any, push: Any
+) -> None:
+    # Regression: announced attachments and 900 KB binary frames were all kept in memory.
+    bystander = await listeners("USER/1", {})
+    ws = await open_websocket(http, url)
+    await ws.send_str("40")
+    assert (await ws.receive_str(timeout=WAIT)).startswith("40{")
+    await ws.send_str('451-["authenticate",{"_placeholder":true,"num":0}]')
+    await ws.send_bytes(b"\x04" + bytes(1000))
+    assert await closed_by_gateway(ws)
+    await still_served(bow, bystander, push)
+
+
+async def test_a_base64_binary_packet_closes_that_long_polling_connection(
+    bow: Bow, url: str, http: aiohttp.ClientSession
+) -> None:
+    client = Polling(http, url)
+    await client.open()
+    assert await client.post("bAQAAAA=") == 400
+    assert (await client.poll())[0] == 400
+
+
+async def test_a_websocket_message_over_max_incoming_bytes_closes_that_websocket(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> None:
+    bow = await start_bow(
+        standard_bow(base_config(outbound={"timeout": 5, "max_incoming_bytes": 1000}))
+    )
+    url = f"http://127.0.0.1:{bow.port}"
+    ws = await open_websocket(http, url)
+    await ws.send_str("4" + "x" * 999)  # 1,000 bytes: taken
+    await ws.send_str("3")
+    ws2 = await open_websocket(http, url)
+    await ws2.send_str("4" + "x" * 1000)
+    assert await closed_by_gateway(ws2)
+    assert not ws.closed
+    await ws.close()
+
+
+async def test_a_long_polling_post_over_max_incoming_bytes_closes_that_connection(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> None:
+    bow = await start_bow(
+        standard_bow(base_config(outbound={"timeout": 5, "max_incoming_bytes": 1000}))
+    )
+    client = Polling(http, f"http://127.0.0.1:{bow.port}")
+    await client.open()
+    assert await client.post("4" + "x" * 1000) == 400
+    assert (await client.poll())[0] == 400
+
+
+async def test_a_flood_of_packets_closes_that_websocket(
+    bow: Bow, url: str, http: aiohttp.ClientSession, listeners: Any, push: Any
+) -> None:
+    bystander = await listeners("USER/1", {})
+    ws = await open_websocket(http, url)
+    for _ in range(1000):
+        await ws.send_str("3")  # a pong no one asked for, a thousand times at once
+    assert await closed_by_gateway(ws)
+    await still_served(bow, bystander, push)
+
+
+async def test_a_poll_response_carries_at_most_what_python_engineio_accepts(
+    bow: Bow, url: str, http: aiohttp.ClientSession, push: Any
+) -> None:
+    # Regression: a poll carried every queued packet; python-engineio's client refuses more
+    # than 16, reconnects, and what the response carried was lost (2 of 61 arrived).
+    client = Polling(http, url)
+    await client.open()
+    await client.listen(token("USER/1"))
+    await asyncio.gather(
+        *(push({"name": "tick", "n": n, "audience": [{"__id": "USER/1"}]}) for n in range(40))
+    )
+    received: list[str] = []
+    while len(received) < 40:
+        status, packets = await client.poll()
+        assert status == 200 and len(packets) <= 16
+        received += packets
+    assert sorted(json.loads(packet[2:])[1]["n"] for packet in received) == list(range(40))
+
+
+async def test_a_long_polling_client_that_stops_polling_is_closed_and_unindexed(
+    bow: Bow, url: str, http: aiohttp.ClientSession
+) -> None:
+    short_heartbeats(bow)
+    client = Polling(http, url)
+    await client.open()
+    await client.listen(token("USER/1"))
+    outbound = bow._outbound
+    assert outbound is not None and outbound.listener_count() == 1
+    await until(lambda: outbound.listener_count() == 0, "the listener unindexed")
+    assert not outbound.sio.eio.sockets
+
+
+async def test_a_long_polling_queue_is_bounded_in_bytes(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> None:
+    # Regression: bounded at 1,000 frames, whatever their size (up to ~1 GB per socket).
+    config = base_config(outbound={"timeout": 5, "max_buffered_bytes": 10_000})
+    bow = await start_bow(standard_bow(config))
+    url = f"http://127.0.0.1:{bow.port}"
+    client = Polling(http, url)
+    await client.open()
+    await client.listen(token("USER/1"))
+    body = {"name": "big", "blob": "x" * 3_000, "audience": [{"__id": "USER/1"}]}
+    for _ in range(5):  # over 10 KB waiting when the fifth comes, never polled
+        async with http.post(url + PATH, json=body, headers=AUTH) as response:
+            assert response.status == 204
+    await until(lambda: bow._outbound.listener_count() == 0, "the slow socket dropped")  # type: ignore[union-attr]
+    assert await read_metric(http, url, 'bow_disconnects_total{reason="slow"}') == 1
