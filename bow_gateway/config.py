@@ -72,8 +72,8 @@ class _OutboundSchema(Schema):
     timeout = fields.Float(
         required=True, validate=validate.Range(min=0, min_inclusive=False, error="must be positive")
     )
-    max_queued_frames = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
     max_buffered_bytes = fields.Integer(load_default=1_048_576, validate=validate.Range(min=1))
+    max_incoming_bytes = fields.Integer(load_default=16_384, validate=validate.Range(min=1))
     transports = fields.List(
         fields.String(validate=validate.OneOf(["polling", "websocket"])),
         load_default=lambda: ["polling", "websocket"],
@@ -146,8 +146,8 @@ class Config:
     max_predicates: int
     http_timeout: float
     auth_timeout: float
-    max_queued_frames: int
     max_buffered_bytes: int
+    max_incoming_bytes: int
     transports: list[str]
 
     def ssl_context(self) -> ssl.SSLContext | None:
@@ -194,7 +194,7 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         max_predicates=data["inbound"]["max_predicates"],
         http_timeout=data["http_timeout"],
         auth_timeout=data["outbound"]["timeout"],
-        max_queued_frames=data["outbound"]["max_queued_frames"],
         max_buffered_bytes=data["outbound"]["max_buffered_bytes"],
+        max_incoming_bytes=data["outbound"]["max_incoming_bytes"],
         transports=data["outbound"]["transports"],
     )

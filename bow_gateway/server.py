@@ -139,8 +139,8 @@ class Bow:
             indices={version: CriteriaIndex() for version in self._middlewares},
             publish=publish,
             auth_timeout=config.auth_timeout,
-            max_queued_frames=config.max_queued_frames,
             max_buffered_bytes=config.max_buffered_bytes,
+            max_incoming_bytes=config.max_incoming_bytes,
             transports=config.transports,
             metrics=self.metrics,
         )
