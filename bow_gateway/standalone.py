@@ -49,6 +49,10 @@ DEV_JWT_SECRET: Final = "bow-gateway-development-secret-change-me"
 """The embedded default's JWT secret when ``BOW_JWT_SECRET`` is not set: documented, so public."""
 DEV_INBOUND_PASSWORD: Final = "change-me"
 """The embedded default's inbound password when ``BOW_INBOUND_PASSWORD`` is not set."""
+DOCUMENTED_SECRETS: Final = frozenset(
+    {DEV_JWT_SECRET, DEV_INBOUND_PASSWORD, "CHANGE-ME", "CHANGE-ME-TO-AT-LEAST-32-RANDOM-BYTES"}
+)
+"""Secrets anyone can read in this project: the embedded default's, deploy/'s placeholders."""
 JWT_SECRET_ENV: Final = "BOW_JWT_SECRET"
 CONFIG_ENV: Final = "BOW_CONFIG"
 
@@ -200,14 +204,6 @@ def load_settings(path: str | None, environ: Mapping[str, str] = os.environ) -> 
         document = embedded_default(environ)
         folder = None
         uses_dev_secret = not environ.get(JWT_SECRET_ENV)
-        if uses_dev_secret:
-            logger.warning(
-                "%s is not set: tokens are checked with the development secret %r, which "
-                "everyone knows. Set %s before exposing this gateway.",
-                JWT_SECRET_ENV,
-                DEV_JWT_SECRET,
-                JWT_SECRET_ENV,
-            )
     else:
         try:
             with open(path, "rb") as file:
@@ -227,6 +223,7 @@ def load_settings(path: str | None, environ: Mapping[str, str] = os.environ) -> 
         load_config(config)
     except ValueError as error:
         raise ValueError(f"{where}: {error}{_blame(environment, str(error))}") from None
+    _warn_of_documented_secrets(document, config, environment, environ, path)
 
     try:
         with _importable(folder):
@@ -296,6 +293,47 @@ def _apply_environment(config: dict[str, Any], environ: Mapping[str, str]) -> di
         target[keys[-1]] = value.split(",") if keys[-1] == "transports" else value
         applied[".".join(keys)] = variable
     return applied
+
+
+def _warn_of_documented_secrets(
+    document: Mapping[str, Any],
+    config: Mapping[str, Any],
+    environment: Mapping[str, str],
+    environ: Mapping[str, str],
+    path: str | None,
+) -> None:
+    """Warn, without quoting the value, of each secret anyone can read in this project (whether
+    from the embedded default, a file or the environment): the inbound password, and the secret
+    of each ``[[outbounds]]`` table's ``options`` (``secret``, or the variable ``secret_env``)."""
+    inbound = config.get("inbound")
+    if isinstance(inbound, Mapping) and inbound.get("password") in DOCUMENTED_SECRETS:
+        logger.warning(
+            "inbound.password (from %s) is a documented default: anyone can push messages "
+            "through this gateway. Set BOW_INBOUND_PASSWORD to a secret of your own.",
+            environment.get("inbound.password") or path or "the embedded default",
+        )
+    tables = document.get("outbounds")
+    for number, table in enumerate(tables if isinstance(tables, list) else [], start=1):
+        options = table.get("options") if isinstance(table, Mapping) else None
+        if not isinstance(options, Mapping):
+            continue
+        variable = options.get("secret_env") if options.get("secret") is None else None
+        secret = environ.get(str(variable)) if variable else options.get("secret")
+        if secret not in DOCUMENTED_SECRETS:
+            continue
+        if variable or path is not None:
+            source = f"${variable}" if variable else path
+        elif environ.get(JWT_SECRET_ENV):
+            source = f"${JWT_SECRET_ENV}"
+        else:
+            source = f"the embedded default: {JWT_SECRET_ENV} is not set"
+        logger.warning(
+            "[[outbounds]] #%d checks tokens with a documented default secret (%s): anyone can "
+            "sign a token for any listener. Set %s to a secret of your own.",
+            number,
+            source,
+            variable or JWT_SECRET_ENV,
+        )
 
 
 def _blame(environment: Mapping[str, str], message: str) -> str:

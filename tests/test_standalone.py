@@ -432,3 +432,58 @@ async def test_the_example_file_works(
         assert await listener.next_event() == ("greeting", body)
     finally:
         await listener.close()
+
+
+# -- documented secrets: a loud warning that never quotes them ------------------------------------
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "bow_gateway.standalone" and record.levelno == logging.WARNING
+    ]
+
+
+def test_a_file_that_keeps_the_documented_password_warns(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("BOW_JWT_SECRET", SECRET)
+    with caplog.at_level(logging.WARNING, logger="bow_gateway.standalone"):
+        load_settings(str(EXAMPLE), environ={"BOW_JWT_SECRET": SECRET})
+    [warning] = warnings_of(caplog)
+    assert "inbound.password" in warning and str(EXAMPLE) in warning
+    assert "change-me" not in caplog.text
+
+
+def test_a_documented_jwt_secret_from_the_environment_warns(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("BOW_JWT_SECRET", DEV_JWT_SECRET)
+    environ = {"BOW_JWT_SECRET": DEV_JWT_SECRET, "BOW_INBOUND_PASSWORD": "own-password"}
+    with caplog.at_level(logging.WARNING, logger="bow_gateway.standalone"):
+        load_settings(str(EXAMPLE), environ=environ)
+    [warning] = warnings_of(caplog)
+    assert "[[outbounds]] #1" in warning and "$BOW_JWT_SECRET" in warning
+    assert DEV_JWT_SECRET not in caplog.text
+
+
+def test_the_embedded_default_warns_of_both_secrets_without_quoting_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="bow_gateway.standalone"):
+        load_settings(None, environ={})
+    password, secret = warnings_of(caplog)
+    assert "inbound.password" in password and "BOW_INBOUND_PASSWORD" in password
+    assert "BOW_JWT_SECRET is not set" in secret
+    assert DEV_JWT_SECRET not in caplog.text and "change-me" not in caplog.text
+
+
+def test_own_secrets_start_without_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("BOW_JWT_SECRET", SECRET)
+    environ = {"BOW_JWT_SECRET": SECRET, "BOW_INBOUND_PASSWORD": "own-password"}
+    with caplog.at_level(logging.WARNING, logger="bow_gateway.standalone"):
+        load_settings(str(EXAMPLE), environ=environ)
+    assert warnings_of(caplog) == []
