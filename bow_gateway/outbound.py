@@ -286,7 +286,7 @@ class SocketOutbound:
         await self._alert_and_close(connection, reason)
 
     async def _alert_and_close(self, connection: Connection, reason: str) -> None:
-        logger.debug("refusing socket %s: %s", connection.sid, reason)
+        logger.info("refusing socket %s: %s", connection.sid, reason)
         await self.sio.emit("alert", reason, to=connection.sid)
         await self.sio.disconnect(connection.sid)
         await self._close_transport(connection.eio_sid)

@@ -105,6 +105,8 @@ async def test_an_inbound_body_that_stops_arriving_gets_408(
     )
     status = await asyncio.wait_for(reader.readline(), 3)
     assert status.startswith(b"HTTP/1.1 408 ")
+    # Regression: engineio swallowed the cancellation and logged "post request handler error"
+    assert not [record for record in caplog.records if record.exc_info]
 
 
 async def test_the_connection_of_a_body_that_stops_arriving_is_closed(
@@ -118,8 +120,8 @@ async def test_the_connection_of_a_body_that_stops_arriving_is_closed(
     assert await closed_within(reader, 4)
 
 
-async def test_a_polling_post_whose_body_never_arrives_gets_408(
-    bow: Bow, connect: Callable[[], Awaitable[Connection]]
+async def test_a_polling_post_whose_body_never_arrives_gets_408_and_no_traceback(
+    bow: Bow, connect: Callable[[], Awaitable[Connection]], caplog: pytest.LogCaptureFixture
 ) -> None:
     url = f"http://127.0.0.1:{bow.port}/socket.io/?EIO=4&transport=polling&v=v1.3"
     async with aiohttp.ClientSession() as http, http.get(url) as response:
@@ -132,6 +134,8 @@ async def test_a_polling_post_whose_body_never_arrives_gets_408(
     )
     status = await asyncio.wait_for(reader.readline(), 3)
     assert status.startswith(b"HTTP/1.1 408 ")
+    # Regression: engineio swallowed the cancellation and logged "post request handler error"
+    assert not [record for record in caplog.records if record.exc_info]
 
 
 @pytest.mark.parametrize("transport", ["polling", "websocket"])
