@@ -105,8 +105,6 @@ async def test_an_inbound_body_that_stops_arriving_gets_408(
     )
     status = await asyncio.wait_for(reader.readline(), 3)
     assert status.startswith(b"HTTP/1.1 408 ")
-    # Regression: engineio swallowed the cancellation and logged "post request handler error"
-    assert not [record for record in caplog.records if record.exc_info]
 
 
 async def test_the_connection_of_a_body_that_stops_arriving_is_closed(
