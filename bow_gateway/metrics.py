@@ -104,6 +104,12 @@ class Metrics:
             registry=registry,
             buckets=_LATENCY_BUCKETS,
         )
+        self.task_restarts = Counter(
+            "bow_task_restarts",
+            "Background tasks that died and were restarted, by task.",
+            ["task"],
+            registry=registry,
+        )
         self.backplane_lag_seconds = Gauge(
             "bow_backplane_lag_seconds",
             "Age of the last event read from the backplane when it was read.",

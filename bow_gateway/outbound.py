@@ -196,10 +196,16 @@ class SocketOutbound:
         self.sio.on("disconnect", self._disconnect)
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        """Run a per-socket job in the background, keeping a reference until it ends."""
+        """Run a per-socket job in the background, keeping a reference until it ends; one that
+        fails is logged with its traceback (it concerns one socket: nothing to restart)."""
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._job_done)
+
+    def _job_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            logger.error("a socket's job failed", exc_info=error)
 
     # -- connection lifecycle ---------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from functools import partial
 from typing import Any, Final
 
 from aiohttp import web
@@ -21,9 +22,13 @@ from .index import CriteriaIndex
 from .message import Event, MessageEvent, decode_event, encode_event
 from .metrics import Metrics
 from .outbound import OutboundSpec, SocketOutbound, normalise_version
+from .supervisor import Supervisor
 
 logger = logging.getLogger("bow_gateway")
 
+CONSUMER: Final = "backplane consumer"
+"""The supervised task that delivers what the backplane carries: ``/health`` is 503 while it is
+down."""
 HEALTH_PATH: Final = "/health"
 SOCKETIO_PATH: Final = "/socket.io/"
 METRICS_PATH: Final = "/metrics"
@@ -36,8 +41,10 @@ class Bow:
     ``ValueError`` naming the field, at construction or registration time.
     """
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], *, backplane: Backplane | None = None) -> None:
+        """``backplane``: one of your own; by default, the one the ``redis`` setting names."""
         self.config: Config = load_config(config)
+        self._own_backplane = backplane
         self.port: int | None = None
         self._middlewares: dict[str, Callable[[Any], Any]] = {}
         self._inbounds: dict[str, InboundSpec] = {}
@@ -47,13 +54,12 @@ class Bow:
         self._outbound: SocketOutbound | None = None
         self._runners: list[web.AppRunner] = []
         self._stopping = False
-        self._watchers: list[asyncio.Task[None]] = []
         self.metrics = Metrics()
         self.metrics_port: int | None = None
+        self._supervisor = Supervisor(
+            on_restart=lambda name: self.metrics.task_restarts.labels(name).inc()
+        )
         self._consumer: asyncio.Task[None] | None = None
-        self._reporter: asyncio.Task[None] | None = None
-        self._lag_probe: asyncio.Task[None] | None = None
-        self._freezer: asyncio.Task[None] | None = None
 
     # -- registration -----------------------------------------------------------------------
 
@@ -124,7 +130,7 @@ class Bow:
         self._check_versions()
         release_closed_transports()  # no reference cycle per closed connection (CPython 3.11)
         config = self.config
-        backplane = backplane_from_config(
+        backplane = self._own_backplane or backplane_from_config(
             config.redis, namespace=config.namespace, **config.backplane
         )
         await backplane.connect()
@@ -144,16 +150,19 @@ class Bow:
             transports=config.transports,
             metrics=self.metrics,
         )
-        self._consumer = asyncio.create_task(self._consume(backplane, outbound))
+        supervise = self._supervisor.start
+        self._consumer = supervise(CONSUMER, lambda: self._consume(backplane, outbound))
         for version, function in self._middlewares.items():
             watch = getattr(function, "watch", None)
             if callable(watch):
-                self._watchers.append(asyncio.create_task(self._follow(version, watch, outbound)))
+                job = partial(self._follow, version, watch, outbound)
+                supervise(f"watcher of middleware v{version}", job)
         if config.log_interval:
-            self._reporter = asyncio.create_task(self._log_listeners(config.log_interval))
-        self._lag_probe = asyncio.create_task(self._probe_loop_lag())
+            interval = config.log_interval
+            supervise("listener count", lambda: self._log_listeners(interval))
+        supervise("loop lag probe", self._probe_loop_lag)
         if config.gc_freeze:
-            self._freezer = asyncio.create_task(freeze_after_connects(lambda: outbound.connects))
+            supervise("gc freezer", lambda: freeze_after_connects(lambda: outbound.connects))
         try:
             self.port = await self._serve(self._app(publish, backplane), config.port)
             if config.metrics_port is not None:
@@ -197,7 +206,11 @@ class Bow:
         app.router.add_get(
             HEALTH_PATH,
             health_handler(
-                lambda: backplane.ready and not self._stopping,
+                lambda: (
+                    backplane.ready
+                    and not self._stopping
+                    and not self._supervisor.is_down(CONSUMER)
+                ),
                 self._health_check,
                 timeout=config.inbound_timeout,
             ),
@@ -271,19 +284,13 @@ class Bow:
 
     async def _stop_backplane(self) -> None:
         backplane, self._backplane = self._backplane, None
-        helpers = [*self._watchers, self._reporter, self._lag_probe, self._freezer]
-        self._watchers, self._reporter, self._lag_probe, self._freezer = [], None, None, None
         try:
             if backplane is not None:
                 await backplane.disconnect()
         finally:  # also when the drain timeout interrupts it
-            for task in helpers:
-                if task is not None:
-                    task.cancel()
+            helpers = self._supervisor.cancel(keep=(CONSUMER,))
         # gather, not each under suppress(CancelledError): the drain timeout must still get out
-        await asyncio.gather(
-            *(task for task in helpers if task is not None), return_exceptions=True
-        )
+        await asyncio.gather(*helpers, return_exceptions=True)
         if self._consumer is not None:
             # The backplane has ended its events: the consumer delivers what it holds, then ends.
             await self._consumer

@@ -12,6 +12,7 @@ from bow_gateway.middlewares.claims import criteria_from_claim
 from bow_gateway.outbounds.jwt import JwtOutbound, mint
 
 from bow_gateway import Bow
+from bow_gateway.backplane import Backplane
 
 SECRET = "a-test-secret-that-is-at-least-32-bytes-long"
 USER, PASSWORD, REALM = "pusher", "s3cret-pusher", "Test platform"
@@ -35,10 +36,10 @@ def base_config(**overrides: Any) -> dict[str, Any]:
     return config
 
 
-def standard_bow(config: dict[str, Any] | None = None) -> Bow:
+def standard_bow(config: dict[str, Any] | None = None, backplane: Backplane | None = None) -> Bow:
     """The quick-start gateway: JWT outbound v1.3, claims middleware v1.1, pass-through inbound."""
     return (
-        Bow(config or base_config())
+        Bow(config or base_config(), backplane=backplane)
         .middleware(version="v1.1", create_criteria_from_listener_details=criteria_from_claim())
         .inbound(
             path=PATH,
