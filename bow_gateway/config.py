@@ -74,6 +74,11 @@ class _OutboundSchema(Schema):
     )
     max_buffered_bytes = fields.Integer(load_default=1_048_576, validate=validate.Range(min=1))
     max_incoming_bytes = fields.Integer(load_default=16_384, validate=validate.Range(min=1))
+    max_sockets = fields.Integer(load_default=20_000, validate=validate.Range(min=1))
+    max_connects_per_second = fields.Float(
+        load_default=500.0,
+        validate=validate.Range(min=0, min_inclusive=False, error="must be positive"),
+    )
     transports = fields.List(
         fields.String(validate=validate.OneOf(["polling", "websocket"])),
         load_default=lambda: ["polling", "websocket"],
@@ -148,6 +153,8 @@ class Config:
     auth_timeout: float
     max_buffered_bytes: int
     max_incoming_bytes: int
+    max_sockets: int
+    max_connects_per_second: float
     transports: list[str]
 
     def ssl_context(self) -> ssl.SSLContext | None:
@@ -196,5 +203,7 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         auth_timeout=data["outbound"]["timeout"],
         max_buffered_bytes=data["outbound"]["max_buffered_bytes"],
         max_incoming_bytes=data["outbound"]["max_incoming_bytes"],
+        max_sockets=data["outbound"]["max_sockets"],
+        max_connects_per_second=data["outbound"]["max_connects_per_second"],
         transports=data["outbound"]["transports"],
     )

@@ -13,12 +13,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Middleware
+
+from .ratelimit import TokenBucket
 
 logger = logging.getLogger("bow_gateway.http")
 
@@ -82,6 +85,41 @@ def body_deadline(timeout: float = 10.0) -> Middleware:
             timeout,
         )
         raise request_timeout(timeout)
+
+    return middleware
+
+
+def handshake_limits(
+    path: str,
+    open_connections: Callable[[], int],
+    *,
+    max_connections: int = 20_000,
+    per_second: float = 500.0,
+) -> Middleware:
+    """An aiohttp middleware that answers ``503`` with ``Retry-After`` to a new connection's
+    handshake (a request under ``path`` without a session id) when ``max_connections`` are open,
+    or past ``per_second`` handshakes a second (bursts of twice that): what a client costs before
+    it authenticates is bounded for the instance as a whole, not only per connection."""
+    bucket = TokenBucket(per_second, 2 * per_second)
+    refused = 0.0
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        nonlocal refused
+        if request.path.startswith(path) and "sid" not in request.query:
+            if open_connections() >= max_connections:
+                why = f"{max_connections} connections are open"
+            elif not bucket.take():
+                why = f"over {per_second:g} new connections a second"
+            else:
+                return await handler(request)
+            if time.monotonic() - refused > 1:  # one line a second at most
+                logger.warning("refusing new connections: %s", why)
+            refused = time.monotonic()
+            raise web.HTTPServiceUnavailable(
+                text=f"503: {why}: retry later", headers={hdrs.RETRY_AFTER: "1"}
+            )
+        return await handler(request)
 
     return middleware
 

@@ -28,7 +28,8 @@ from .ratelimit import rate_limited
 from .userfn import call_user_function, describe
 from .websocket import LeanSocket, WebSocketDriver, make_lean, websocket_frame
 
-logger = logging.getLogger("bow_gateway.outbound")
+# A line or two per connection: rate-limited, since clients choose how many connections to open
+logger = rate_limited("bow_gateway.outbound", rate=50.0, burst=500.0)
 transport_logger = rate_limited("bow_gateway.transport")
 
 YIELD_EVERY: Final = 1_000  # sockets written between two yields to the event loop
@@ -172,7 +173,8 @@ class SocketOutbound:
         self._max_buffered_bytes = max_buffered_bytes
         self.metrics = metrics or Metrics()
         self.connections: dict[str, Connection] = {}
-        self.connects = 0  # connections accepted so far
+        self.connects = 0  # Socket.IO connections accepted so far
+        self.open_connections = 0  # Engine.IO connections open, authenticated or not
         self._tasks: set[asyncio.Task[None]] = set()
         self._refreshes: dict[str, int] = {}  # per middleware version: refreshes begun
         # Engine.IO connections not authenticated yet, and when they must be
@@ -260,11 +262,13 @@ class SocketOutbound:
 
     def opened(self, eio_sid: str) -> None:
         """An Engine.IO connection opened: it has ``auth_timeout`` to be authenticated."""
+        self.open_connections += 1
         self.metrics.connections_open.inc()
         loop = asyncio.get_running_loop()
         self._deadlines[eio_sid] = loop.call_later(self._auth_timeout, self._expire, eio_sid)
 
     def closed(self, eio_sid: str) -> None:
+        self.open_connections -= 1
         self.metrics.connections_open.dec()
         deadline = self._deadlines.pop(eio_sid, None)
         if deadline is not None:

@@ -16,7 +16,7 @@ from .backplane import Backplane, backplane_from_config
 from .config import Config, load_config
 from .criteria import ListenerId
 from .gc_freeze import freeze_after_connects, release_closed_transports
-from .http_server import app_runner, body_deadline
+from .http_server import app_runner, body_deadline, handshake_limits
 from .inbound import InboundSpec, basic_auth, health_handler, message_handler
 from .index import CriteriaIndex
 from .message import Event, MessageEvent, decode_event, encode_event
@@ -178,6 +178,8 @@ class Bow:
         self, publish: Callable[[Event], Awaitable[None]], backplane: Backplane
     ) -> web.Application:
         config = self.config
+        outbound = self._outbound
+        assert outbound is not None
         open_paths = {HEALTH_PATH}
         if config.metrics_port is None and not config.metrics_auth:
             open_paths.add(METRICS_PATH)
@@ -185,6 +187,12 @@ class Bow:
             client_max_size=config.max_body_size,
             middlewares=[
                 body_deadline(config.http_timeout),
+                handshake_limits(
+                    SOCKETIO_PATH,
+                    lambda: outbound.open_connections,
+                    max_connections=config.max_sockets,
+                    per_second=config.max_connects_per_second,
+                ),
                 basic_auth(
                     realm=config.realm,
                     username=config.username,
@@ -217,8 +225,7 @@ class Bow:
         )
         if config.metrics_port is None:
             app.router.add_get(METRICS_PATH, self.metrics.handle)
-        assert self._outbound is not None
-        self._outbound.sio.attach(app, socketio_path=SOCKETIO_PATH.strip("/"))
+        outbound.sio.attach(app, socketio_path=SOCKETIO_PATH.strip("/"))
         return app
 
     async def _serve(self, app: web.Application, port: int) -> int:

@@ -273,7 +273,7 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
         The socket stays in the server's table: engineio's request handler forgets it.
         """
         logger.info("closing Engine.IO connection %s: it sent %s", self.sid, error)
-        await self._end(abort=True, reason=self.server.reason.TRANSPORT_ERROR)
+        await self.close(wait=False, abort=True, reason=self.server.reason.TRANSPORT_ERROR)
 
     async def shut(self, *, abort: bool = False, reason: Any = None) -> None:
         """Close now, without waiting on the client, and forget the socket.
@@ -283,23 +283,25 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
         client takes it for a lost connection and reconnects.
         """
         self.server.sockets.pop(self.sid, None)
-        await self._end(abort=abort, reason=reason or self.server.reason.SERVER_DISCONNECT)
-
-    async def _end(self, *, abort: bool, reason: Any) -> None:
+        reason = reason or self.server.reason.SERVER_DISCONNECT
         await self.close(wait=False, abort=abort, reason=reason)
-        if abort and self._websocket is None:
-            await self.queue.put(None)  # ends a long-poll under way
 
     async def close(self, wait: bool = True, abort: bool = False, reason: Any = None) -> None:
         if self._ping_timer is not None:
             self._ping_timer.cancel()
             self._ping_timer = None
         self._cancel_poll_timer()
+        was_open = not (self.closing or self.closed)
         await super().close(wait=wait, abort=abort, reason=reason)
         websocket = self._websocket
-        if websocket is not None and not websocket._sock.closed:
-            # engineio's writer task used to close it: the reader loop then ends
-            self._closer = asyncio.ensure_future(websocket.close())
+        if websocket is not None:
+            if not websocket._sock.closed:
+                # engineio's writer task used to close it: the reader loop then ends
+                self._closer = asyncio.ensure_future(websocket.close())
+        elif abort and was_open:
+            # Ends a long-poll under way, which would otherwise wait out its 45 s: also when
+            # the client itself sent CLOSE (python-socketio's client then waited that long).
+            self.queue.put_nowait(None)
 
     async def _websocket_handler(self, ws: Any) -> None:
         """Engine.IO over this websocket: the upgrade handshake, then one reader loop."""

@@ -154,3 +154,35 @@ async def test_a_listener_idle_for_longer_than_the_bound_is_not_cut(
     finally:
         await bow.stop()  # first: a polling client's own disconnect waits for its next ping
         await listener.close()
+
+
+# -- handshakes: bounded for the whole instance -------------------------------------------------
+
+HANDSHAKE = "/socket.io/?EIO=4&transport=polling&v=1.3"
+
+
+async def handshake(http: aiohttp.ClientSession, url: str) -> aiohttp.ClientResponse:
+    async with http.get(url + HANDSHAKE) as response:
+        await response.read()
+        return response
+
+
+async def test_a_handshake_past_max_sockets_gets_503_with_retry_after(start_bow: StartBow) -> None:
+    bow = await start_bow(standard_bow(base_config(outbound={"timeout": 5, "max_sockets": 2})))
+    url = f"http://127.0.0.1:{bow.port}"
+    async with aiohttp.ClientSession() as http:
+        assert [(await handshake(http, url)).status for _ in range(2)] == [200, 200]
+        refused = await handshake(http, url)
+        assert refused.status == 503 and refused.headers["Retry-After"] == "1"
+        assert "2 connections are open" in await refused.text()
+
+
+async def test_handshakes_past_max_connects_per_second_get_503(start_bow: StartBow) -> None:
+    config = base_config(outbound={"timeout": 5, "max_connects_per_second": 2})
+    bow = await start_bow(standard_bow(config))
+    url = f"http://127.0.0.1:{bow.port}"
+    async with aiohttp.ClientSession() as http:
+        statuses = [(await handshake(http, url)).status for _ in range(6)]
+        assert statuses[:4] == [200] * 4 and 503 in statuses[4:]  # a burst of twice the rate
+        await asyncio.sleep(0.6)
+        assert (await handshake(http, url)).status == 200

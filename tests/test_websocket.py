@@ -414,3 +414,12 @@ async def test_a_long_polling_queue_is_bounded_in_bytes(
             assert response.status == 204
     await until(lambda: bow._outbound.listener_count() == 0, "the slow socket dropped")  # type: ignore[union-attr]
     assert await read_metric(http, url, 'bow_disconnects_total{reason="slow"}') == 1
+
+
+async def test_a_long_polling_client_disconnects_promptly(bow: Bow, url: str) -> None:
+    # Regression: python-socketio's client waited ~30 s for its last poll to end.
+    listener = Listener(url)
+    await listener.connect(transports=["polling"])
+    await listener.authenticate(token("USER/1"))
+    async with asyncio.timeout(3):
+        await listener.client.disconnect()
