@@ -63,6 +63,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import itertools
 import json
 import os
 import signal
@@ -262,7 +263,7 @@ class Probe:
             async with http.post(self.url + INBOUND, json=body, headers=self.auth) as response:
                 await response.read()
                 self.status[seq] = response.status
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             self.status[seq] = 0
 
     def settled(self, first: int, last: int) -> bool:
@@ -279,11 +280,9 @@ class Probe:
 
     def window(self, first: int, last: int, started: float, ended: float) -> dict[str, Any]:
         seqs = range(first, last)
-        latencies = [
-            (self.received[s] - self.sent[s]) / 1e6 for s in seqs if s in self.received
-        ]
+        latencies = [(self.received[s] - self.sent[s]) / 1e6 for s in seqs if s in self.received]
         receipts = sorted(self.received[s] for s in seqs if s in self.received)
-        gaps = [(b - a) / 1e6 for a, b in zip(receipts, receipts[1:], strict=False)]
+        gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(receipts)]
         worst = max(latencies, default=float("nan"))
         gap = max(gaps, default=float("nan"))
         return {
@@ -334,7 +333,7 @@ async def attack_frames(spec: dict[str, Any]) -> dict[str, Any]:
             try:
                 ws = await http.ws_connect(ws_url(spec["url"]), autoping=True)
                 await ws.receive(timeout=5)  # Engine.IO OPEN
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError, OSError):
                 counts["connect failures"] += 1
                 await asyncio.sleep(0.01)
                 continue
@@ -384,7 +383,7 @@ async def attack_binary(spec: dict[str, Any]) -> dict[str, Any]:
                         pass
                     counts["authenticated"] += 1
                 await ws.send_str(BINARY_HEADER)
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError, TypeError) as error:
+            except (TimeoutError, aiohttp.ClientError, OSError, TypeError) as error:
                 counts[f"connect failures ({type(error).__name__})"] += 1
                 await asyncio.sleep(0.05)
                 continue
@@ -436,7 +435,7 @@ async def attack_holders(spec: dict[str, Any]) -> dict[str, Any]:
                         await ws.receive(timeout=10)  # 40{"sid"...}, or 44{...} refused
                         if kind == "40-then-41":
                             await ws.send_str("41")
-                except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError, OSError):
                     failed[kind] += 1
                     return
             opened[kind] += 1

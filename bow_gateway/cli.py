@@ -59,6 +59,16 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         super().__init__(prog, max_help_position=32)
 
 
+OPTIONAL_PARTS: Final = {
+    "pyspark": "spark",
+    "py4j": "spark",
+    "pyarrow": "spark",
+    "pandas": "spark",
+    "asyncpg": "postgres",
+}
+"""Packages of the extras, and the extra that installs each."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``bow-gateway`` command line; returns the exit status."""
     parser = _parser()
@@ -74,6 +84,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return command(args)
     except UsageError as error:
         print(f"bow-gateway {args.command}: {error}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as error:
+        package = (error.name or "").partition(".")[0]
+        extra = OPTIONAL_PARTS.get(package)
+        if extra is None:
+            raise
+        print(
+            f"bow-gateway {args.command}: {package} is not installed: "
+            f"pip install 'bow-gateway[{extra}]'",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         return 130

@@ -449,3 +449,27 @@ def test_bad_arguments_exit_2_with_a_clear_message(
 ) -> None:
     assert main(args) == 2
     assert message in capsys.readouterr().err
+
+
+def test_criteria_job_without_the_spark_extra_names_it_and_exits_2(tmp_path: Path) -> None:
+    # Regression: a plain `pip install` printed a traceback from deep in the job.
+    job = tmp_path / "job.toml"
+    job.write_text(
+        '[redis]\nurl = "redis://127.0.0.1:1"\n[[inputs]]\nname = "u"\nformat = "csv"\n'
+        'path = "u.csv"\n[criteria]\nquery = "SELECT 1 AS id"\n[snapshot]\nstate_dir = "s"\n'
+    )
+    without_pyspark = (
+        "import sys; sys.modules['pyspark'] = None  # as if the extra were not installed\n"
+        "from bow_gateway.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", without_pyspark, "criteria-job", "--config", str(job)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == (
+        "bow-gateway criteria-job: pyspark is not installed: pip install 'bow-gateway[spark]'"
+    )
