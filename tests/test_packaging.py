@@ -1,4 +1,4 @@
-"""The dependency floors in setup.cfg are the versions tests/lowest-versions.sh runs the suite on."""
+"""The dependency floors in setup.cfg are the versions tests/lowest-versions.sh tests."""
 
 from __future__ import annotations
 
