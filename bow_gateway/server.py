@@ -142,6 +142,7 @@ class Bow:
             max_buffered_bytes=config.max_buffered_bytes,
             max_incoming_bytes=config.max_incoming_bytes,
             transports=config.transports,
+            cors_origins=config.cors_origins,
             metrics=self.metrics,
         )
         self._consumer = asyncio.create_task(self._consume(backplane, outbound))
