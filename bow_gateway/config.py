@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,6 +42,28 @@ class _HttpsField(fields.Field):  # type: ignore[type-arg]
                 raise ValidationError(errors)
             return dict(value)
         raise ValidationError("must be an ssl.SSLContext or a mapping with certfile and keyfile")
+
+
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#\s]+")
+
+
+class _OriginsField(fields.Field):  # type: ignore[type-arg]
+    """``"*"`` or a list of origins (``"https://app.example.com"``), loaded as a list."""
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
+        if value == "*":
+            return ["*"]
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise ValidationError('must be "*" or a list of origins like "https://app.example.com"')
+        origins = [item.strip().lower() for item in value]  # browsers send them in lower case
+        if "*" in origins and len(origins) > 1:
+            raise ValidationError('"*" allows every origin: give it alone')
+        for origin in origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValidationError(
+                    f"{origin!r} is not an origin: scheme://host[:port], without a path"
+                )
+        return origins
 
 
 class _HttpsSchema(Schema):
@@ -84,6 +107,7 @@ class _OutboundSchema(Schema):
         load_default=lambda: ["polling", "websocket"],
         validate=validate.Length(min=1, error="must name at least one transport"),
     )
+    cors_origins = _OriginsField(load_default=list)
 
 
 class _MetricsSchema(Schema):
@@ -156,6 +180,8 @@ class Config:
     max_sockets: int
     max_connects_per_second: float
     transports: list[str]
+    cors_origins: list[str]
+    """Origins of pages that may connect across origins; ``["*"]`` for any, ``[]`` for none."""
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.https is None or isinstance(self.https, ssl.SSLContext):
@@ -206,4 +232,5 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         max_sockets=data["outbound"]["max_sockets"],
         max_connects_per_second=data["outbound"]["max_connects_per_second"],
         transports=data["outbound"]["transports"],
+        cors_origins=data["outbound"]["cors_origins"],
     )

@@ -163,6 +163,7 @@ class SocketOutbound:
         max_buffered_bytes: int = 1_048_576,
         max_incoming_bytes: int = 16_384,
         transports: list[str] | None = None,
+        cors_origins: list[str] | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         self._outbounds = outbounds
@@ -183,7 +184,12 @@ class SocketOutbound:
             self,
             async_mode="aiohttp",
             namespaces="*",
-            cors_allowed_origins="*",
+            # engineio refuses a request whose Origin header it does not allow (a websocket
+            # handshake too); a request without one (not a browser) always passes. None allows
+            # the same origin only; never [], which turns the check off.
+            cors_allowed_origins=cors_origins or None,
+            # With "*", engineio echoes any Origin back: then no cookies (the gateway reads none).
+            cors_credentials="*" not in (cors_origins or []),
             transports=transports or ["polling", "websocket"],
             # Their own loggers, at WARNING: at INFO they log every packet with its data
             # (tokens); and never a handler of their own, which writes around the log's format.

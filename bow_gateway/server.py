@@ -148,6 +148,7 @@ class Bow:
             max_buffered_bytes=config.max_buffered_bytes,
             max_incoming_bytes=config.max_incoming_bytes,
             transports=config.transports,
+            cors_origins=config.cors_origins,
             metrics=self.metrics,
         )
         supervise = self._supervisor.start

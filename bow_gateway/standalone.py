@@ -289,8 +289,10 @@ def _apply_environment(config: dict[str, Any], environ: Mapping[str, str]) -> di
             section = target.get(key)
             target[key] = section = dict(section) if isinstance(section, Mapping) else {}
             target = section
-        # A list setting (outbound.transports) is written comma-separated: "websocket,polling".
-        target[keys[-1]] = value.split(",") if keys[-1] == "transports" else value
+        # A list setting (outbound.transports, .cors_origins) is written comma-separated:
+        # "websocket,polling".
+        is_list = keys[-1] in ("transports", "cors_origins")
+        target[keys[-1]] = value.split(",") if is_list else value
         applied[".".join(keys)] = variable
     return applied
 

@@ -7,6 +7,8 @@
 #                 needs Java 17+)
 #   libpostgresql-jdbc-java  the PostgreSQL JDBC driver (/usr/share/java/postgresql.jar) that
 #                 the criteria job reads PostgreSQL with, in tests/test_criteria_job.py
+#   chromium chromium-driver  tests/test_cors.py drives headless Chromium with chromedriver to
+#                 check cross-origin access from a real browser
 #
 # Idempotent: a package already installed is left alone, and `apt-get update` runs only when
 # something must be installed. Root is needed only then: a non-root user with something missing
@@ -15,7 +17,7 @@
 #   sh tests/install-system-packages.sh && python3 -m venv .venv && ...
 set -eu
 
-PACKAGES="redis-server nginx openjdk-17-jre-headless libpostgresql-jdbc-java"
+PACKAGES="redis-server nginx openjdk-17-jre-headless libpostgresql-jdbc-java chromium chromium-driver"
 
 installed() {
     # dpkg-query prints "install ok installed" for a package that is fully installed.

@@ -1,0 +1,389 @@
+"""outbound.cors_origins: which web pages may connect across origins, checked over real HTTP and
+in a real browser (headless Chromium driven by chromedriver over W3C WebDriver)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from bow_gateway import Bow
+from bow_gateway.config import load_config
+from bow_gateway.standalone import load_settings
+
+from .redis_server import free_port
+from .support import AUTH, PATH, base_config, standard_bow, token
+
+APP = "https://app.example.com"
+EVIL = "https://evil.example.com"
+SAME = "same origin"  # stands for the gateway's own origin, http://127.0.0.1:{port}
+BROWSER_FILES = Path(__file__).parent / "browser"
+
+StartBow = Callable[[Bow], Awaitable[Bow]]
+
+
+async def gateway(start_bow: StartBow, cors_origins: Any = None) -> Bow:
+    outbound: dict[str, Any] = {"timeout": 5}
+    if cors_origins is not None:
+        outbound["cors_origins"] = cors_origins
+    return await start_bow(standard_bow(base_config(outbound=outbound)))
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "loaded"),
+    [
+        (None, []),
+        ([], []),
+        ("*", ["*"]),
+        (["*"], ["*"]),
+        ([APP, "http://localhost:3000"], [APP, "http://localhost:3000"]),
+        (["HTTPS://App.Example.com "], [APP]),
+        (["capacitor://localhost"], ["capacitor://localhost"]),
+    ],
+)
+def test_cors_origins_are_loaded_as_a_list(value: Any, loaded: list[str]) -> None:
+    outbound: dict[str, Any] = {"timeout": 5}
+    if value is not None:
+        outbound["cors_origins"] = value
+    assert load_config(base_config(outbound=outbound)).cors_origins == loaded
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        (APP, 'must be "*" or a list of origins'),
+        ([APP + "/"], "'https://app.example.com/' is not an origin"),
+        (["app.example.com"], "is not an origin"),
+        (["null"], "is not an origin"),
+        (["*", APP], '"*" allows every origin: give it alone'),
+        ([1], 'must be "*" or a list of origins'),
+    ],
+)
+def test_bad_cors_origins_are_refused_with_the_field_named(value: Any, error: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        load_config(base_config(outbound={"timeout": 5, "cors_origins": value}))
+    assert "outbound.cors_origins" in str(raised.value) and error in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("variable", "loaded"),
+    [
+        (f"{APP},http://localhost:3000", [APP, "http://localhost:3000"]),
+        (f"{APP}, http://localhost:3000", [APP, "http://localhost:3000"]),
+        ("*", ["*"]),
+        ("", []),  # an empty variable counts as unset
+    ],
+)
+def test_bow_outbound_cors_origins_is_a_comma_separated_list(
+    variable: str, loaded: list[str]
+) -> None:
+    settings = load_settings(None, environ={"BOW_OUTBOUND_CORS_ORIGINS": variable})
+    assert load_config(settings.config).cors_origins == loaded
+    if variable:
+        assert settings.environment == {"outbound.cors_origins": "BOW_OUTBOUND_CORS_ORIGINS"}
+
+
+# -- over HTTP: a long-polling handshake and a websocket handshake with an Origin header --------
+
+CASES = [
+    # (outbound.cors_origins, the request's Origin or None, allowed)
+    (None, EVIL, False),
+    (None, SAME, True),
+    (None, None, True),
+    ([APP], APP, True),
+    ([APP], EVIL, False),
+    ([APP], SAME, False),
+    ([APP], None, True),
+    ("*", EVIL, True),
+    ("*", None, True),
+]
+
+
+@pytest.mark.parametrize(("cors_origins", "origin", "allowed"), CASES)
+async def test_long_polling_handshake_checks_the_origin(
+    start_bow: StartBow,
+    http: aiohttp.ClientSession,
+    cors_origins: Any,
+    origin: str | None,
+    allowed: bool,
+) -> None:
+    bow = await gateway(start_bow, cors_origins)
+    url = f"http://127.0.0.1:{bow.port}"
+    origin = url if origin == SAME else origin
+    headers = {} if origin is None else {"Origin": origin}
+    async with http.get(
+        url + "/socket.io/?EIO=4&transport=polling&v=v1.3", headers=headers
+    ) as response:
+        body = await response.text()
+    if not allowed:
+        assert response.status == 400
+        assert f"{origin} is not an accepted origin" in body
+        assert "Access-Control-Allow-Origin" not in response.headers
+        return
+    assert response.status == 200, body
+    assert body.startswith("0{")  # the Engine.IO open packet
+    if origin is None:
+        assert "Access-Control-Allow-Origin" not in response.headers
+    else:
+        assert response.headers["Access-Control-Allow-Origin"] == origin
+    # Cookies only for origins named one by one: with "*", any site would get them.
+    credentials = response.headers.get("Access-Control-Allow-Credentials")
+    assert credentials == (None if cors_origins == "*" else "true")
+
+
+@pytest.mark.parametrize(("cors_origins", "origin", "allowed"), CASES)
+async def test_websocket_handshake_checks_the_origin(
+    start_bow: StartBow,
+    http: aiohttp.ClientSession,
+    cors_origins: Any,
+    origin: str | None,
+    allowed: bool,
+) -> None:
+    bow = await gateway(start_bow, cors_origins)
+    origin = f"http://127.0.0.1:{bow.port}" if origin == SAME else origin
+    url = f"ws://127.0.0.1:{bow.port}/socket.io/?EIO=4&transport=websocket&v=v1.3"
+    if not allowed:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(url, origin=origin)
+        assert refused.value.status == 400
+        return
+    async with http.ws_connect(url, origin=origin) as websocket:
+        opened = await websocket.receive_str(timeout=5)
+    assert opened.startswith("0{")
+
+
+async def test_an_upgrade_to_websocket_checks_the_origin_too(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    bow = await gateway(start_bow, [APP])
+    url = f"127.0.0.1:{bow.port}/socket.io/?EIO=4&v=v1.3"
+    async with http.get(f"http://{url}&transport=polling", headers={"Origin": APP}) as response:
+        sid = json.loads((await response.text())[1:])["sid"]  # the open packet: "0{...}"
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await http.ws_connect(f"ws://{url}&transport=websocket&sid={sid}", origin=EVIL)
+    assert refused.value.status == 400
+
+
+async def test_other_endpoints_send_no_cors_headers(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    """Only /socket.io/ serves browsers: "*" opens it alone, never /health or an inbound."""
+    bow = await gateway(start_bow, "*")
+    url = f"http://127.0.0.1:{bow.port}"
+    async with http.get(url + "/health", headers={"Origin": EVIL}) as response:
+        assert response.status == 200
+        assert "Access-Control-Allow-Origin" not in response.headers
+    body = {"name": "greeting", "audience": [{"role": "admin"}]}
+    async with http.post(url + PATH, json=body, headers={**AUTH, "Origin": EVIL}) as response:
+        assert response.status == 204
+        assert "Access-Control-Allow-Origin" not in response.headers
+
+
+# -- in a real browser: a page served from another origin, with the official client ------------
+
+PAGE = """<!doctype html>
+<meta charset="utf-8">
+<title>bow_gateway cross-origin test</title>
+<script src="/socket.io.min.js"></script>
+<script>
+  const params = new URLSearchParams(location.search);
+  const state = (window.state = { connected: false, authenticated: false, errors: [], events: [] });
+  const socket = (window.socket = io(params.get("gateway"), {
+    query: { v: "v1.3" },
+    transports: params.get("transports").split(","),
+    reconnection: false,
+  }));
+  socket
+    .on("connect_error", (error) => state.errors.push(error.message))
+    .on("alert", (reason) => state.errors.push("alert: " + reason))
+    .on("greeting", (data) => state.events.push(data))
+    .on("connect", () => {
+      state.connected = true;
+      socket.emit("authenticate", params.get("token"), () => (state.authenticated = true));
+    });
+</script>
+"""
+
+STATE = """const engine = window.socket && window.socket.io.engine;
+return { ...window.state, transport: engine && engine.transport && engine.transport.name };"""
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    # Without these, Chromium reaches for Google's servers, which a closed network refuses.
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+class Browser:
+    """One headless Chromium session, spoken to in W3C WebDriver's JSON over HTTP."""
+
+    def __init__(self, http: aiohttp.ClientSession, session: str) -> None:
+        self._http = http
+        self._session = f"/session/{session}"
+
+    async def command(self, method: str, path: str, body: Any = None) -> Any:
+        async with self._http.request(method, self._session + path, json=body) as response:
+            answer = await response.json()
+        if response.status != 200:
+            raise AssertionError(f"WebDriver {method} {path}: {answer['value']}")
+        return answer["value"]
+
+    async def open(self, url: str) -> None:
+        await self.command("POST", "/url", {"url": url})
+
+    async def state_when(self, done: Callable[[Any], bool], timeout: float = 5.0) -> Any:
+        """``window.state``, polled until ``done(state)`` or until ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = await self.command("POST", "/execute/sync", {"script": STATE, "args": []})
+            if done(state) or time.monotonic() > deadline:
+                return state
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def browser(tmp_path: Path) -> AsyncIterator[Browser]:
+    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or chromedriver is None:
+        pytest.fail(
+            "this test needs Debian's chromium and chromium-driver: run "
+            "`sh tests/install-system-packages.sh` as root (or `sudo apt-get install chromium "
+            "chromium-driver`)"
+        )
+    port = free_port()
+    driver = subprocess.Popen(
+        [chromedriver, f"--port={port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
+            await _until_ready(http, driver)
+            capabilities = {
+                "browserName": "chrome",
+                "goog:chromeOptions": {
+                    "binary": chromium,
+                    "args": [*CHROMIUM_ARGS, f"--user-data-dir={tmp_path / 'chromium'}"],
+                },
+            }
+            async with http.post(
+                "/session", json={"capabilities": {"alwaysMatch": capabilities}}
+            ) as response:
+                answer = await response.json()
+            assert response.status == 200, f"chromedriver cannot start Chromium: {answer}"
+            session = answer["value"]["sessionId"]
+            try:
+                yield Browser(http, session)
+            finally:
+                async with http.delete(f"/session/{session}") as response:
+                    await response.read()
+    finally:
+        driver.terminate()
+        driver.wait(timeout=10)
+
+
+async def _until_ready(http: aiohttp.ClientSession, driver: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        assert driver.poll() is None, f"chromedriver exited with status {driver.returncode}"
+        try:
+            async with http.get("/status") as response:
+                if (await response.json())["value"]["ready"]:
+                    return
+        except aiohttp.ClientConnectionError:
+            pass
+        await asyncio.sleep(0.05)
+    raise AssertionError("chromedriver did not answer /status within 10 s")
+
+
+@pytest.fixture
+async def page_origin() -> AsyncIterator[str]:
+    """A second web server, another origin than the gateway's: the page and the client bundle.
+
+    ``socket.io.min.js`` is socket.io-client's browser bundle, vendored (tests/browser/README.md).
+    """
+    bundle = BROWSER_FILES / "socket.io.min.js"
+    assert bundle.is_file(), f"{bundle} is missing: see tests/browser/README.md"
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(text=PAGE, content_type="text/html")
+
+    async def script(request: web.Request) -> web.Response:
+        return web.Response(body=bundle.read_bytes(), content_type="application/javascript")
+
+    app = web.Application()
+    app.router.add_get("/", page)
+    app.router.add_get("/socket.io.min.js", script)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def page_url(origin: str, bow: Bow, transports: str, listener_token: str) -> str:
+    query = {
+        "gateway": f"http://127.0.0.1:{bow.port}",
+        "transports": transports,
+        "token": listener_token,
+    }
+    return f"{origin}/?{urlencode(query)}"
+
+
+async def test_a_browser_page_of_another_origin_is_refused_by_default(
+    browser: Browser, page_origin: str, start_bow: StartBow
+) -> None:
+    bow = await gateway(start_bow)
+    for transports in ("polling", "websocket"):
+        await browser.open(page_url(page_origin, bow, transports, token("USER/1")))
+        state = await browser.state_when(lambda state: state["errors"] or state["connected"])
+        assert state["errors"] and not state["connected"], (transports, state)
+    assert bow._outbound is not None and bow._outbound.connects == 0
+
+
+async def test_a_browser_page_of_a_listed_origin_receives_pushes(
+    browser: Browser, page_origin: str, start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    bow = await gateway(start_bow, [page_origin])
+    for number, transports in enumerate(["polling", "websocket", "polling,websocket"]):
+        listener = f"USER/{number}"
+        await browser.open(page_url(page_origin, bow, transports, token(listener)))
+        # With both transports, the client starts polling, then upgrades to a websocket.
+        expected = transports.split(",")[-1]
+
+        def ready(state: Any, expected: str = expected) -> bool:
+            return bool(state["errors"]) or (
+                state["authenticated"] and state["transport"] == expected
+            )
+
+        state = await browser.state_when(ready)
+        assert state["authenticated"] and not state["errors"], (transports, state)
+        assert state["transport"] == expected
+        message = {"name": "greeting", "audience": [{"__id": listener}], "text": transports}
+        async with http.post(
+            f"http://127.0.0.1:{bow.port}{PATH}", json=message, headers=AUTH
+        ) as response:
+            assert response.status == 204
+        state = await browser.state_when(lambda state: state["events"])
+        assert state["events"] == [message], transports
