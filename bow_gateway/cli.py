@@ -247,10 +247,15 @@ def _mint(listener_id: str, secret: str, criteria: Mapping[str, Any], ttl: float
 
 
 def _secret(given: str | None) -> str:
-    if given:
-        return given
-    secret = os.environ.get(JWT_SECRET_ENV)
+    """The HS256 secret to sign with: ``--secret``, else ``$BOW_JWT_SECRET``, else the development
+    one. One too short to be safe (RFC 7518) is a usage error: the gateway would refuse it."""
+    jwt_outbound = importlib.import_module("bow_gateway.outbounds.jwt")
+    secret = given or os.environ.get(JWT_SECRET_ENV)
     if secret:
+        try:
+            jwt_outbound.check_secret(secret, source="--secret" if given else f"${JWT_SECRET_ENV}")
+        except ValueError as error:
+            raise UsageError(str(error)) from None
         return secret
     print(
         f"bow-gateway: signing with the development secret ({JWT_SECRET_ENV} is not set)",
