@@ -326,9 +326,17 @@ def _listen(args: argparse.Namespace) -> int:
 
 
 async def _run_listener(url: str, version: str, token: str) -> int:
+    """Listen until Ctrl-C/SIGTERM (0) or a refusal or disconnection (1), over an HTTP session of
+    our own, closed whatever ended it: engineio closes its own only when the client disconnects,
+    not when the server does, and the interpreter then warns of an unclosed session."""
+    async with aiohttp.ClientSession() as session:
+        return await _listen_with(session, url, version, token)
+
+
+async def _listen_with(session: aiohttp.ClientSession, url: str, version: str, token: str) -> int:
     stop = _stop_on_signals()
     # handle_sigint=False: python-socketio would otherwise take SIGINT to disconnect by itself.
-    client = socketio.AsyncClient(reconnection=False, handle_sigint=False)
+    client = socketio.AsyncClient(reconnection=False, handle_sigint=False, http_session=session)
     refusal: list[str] = []
     authenticated = asyncio.Event()
     ended = asyncio.Event()
@@ -345,7 +353,11 @@ async def _run_listener(url: str, version: str, token: str) -> int:
         print(f"alert: {message}", file=sys.stderr, flush=True)
 
     async def on_connect_error(*data: Any) -> None:
-        refusal.append(" ".join(str(item) for item in data))
+        # The gateway's reason comes as {"message": ...}: print the reason, not the dict.
+        refusal.extend(
+            str(item["message"]) if isinstance(item, dict) and "message" in item else str(item)
+            for item in data
+        )
 
     async def on_disconnect(*reason: Any) -> None:
         ended.set()
@@ -361,7 +373,6 @@ async def _run_listener(url: str, version: str, token: str) -> int:
     except socketio.exceptions.ConnectionError as error:
         reason = "; ".join(refusal) or str(error)
         print(f"bow-gateway listen: {address} refused the connection: {reason}", file=sys.stderr)
-        await client.disconnect()  # a failed connect leaves the client's HTTP session open
         return 1
     try:
         await client.emit("authenticate", token, callback=lambda *_: authenticated.set())
