@@ -83,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # From here on serve writes only log records: JSON lines when stderr is not a terminal, its
+    # failures included (a bad configuration, a port taken, a crash with its traceback).
     configure_logging()
     try:
         settings = load_settings(args.config).with_address(host=args.host, port=args.port)
@@ -90,12 +92,16 @@ def _serve(args: argparse.Namespace) -> int:
             settings = worker_settings(settings)
         bow = build_bow(settings)
     except ValueError as error:
-        print(f"bow-gateway serve: {error}", file=sys.stderr)
+        logger.error("%s", error)
         return 2
     if args.workers > 1:
         del bow  # each worker builds its own, in its own process
         return run_workers(args.workers, _worker, args.config, args.host, args.port, args.workers)
-    return asyncio.run(_run_server(bow, settings))
+    try:
+        return asyncio.run(_run_server(bow, settings))
+    except Exception:
+        logger.critical("the gateway failed", exc_info=True)
+        return 1
 
 
 def _worker(
@@ -115,17 +121,14 @@ async def _run_server(bow: Bow, settings: Settings, quiet: bool = False) -> int:
     try:
         await bow.start()
     except ValueError as error:
-        print(f"bow-gateway serve: {error}", file=sys.stderr)
+        logger.error("%s", error)
         return 2
     except OSError as error:
         config = bow.config
-        print(
-            f"bow-gateway serve: cannot listen on {config.host}:{config.port}: {error.strerror}",
-            file=sys.stderr,
-        )
+        logger.error("cannot listen on %s:%d: %s", config.host, config.port, error.strerror)
         return 1
     except BackplaneUnavailable as error:
-        print(f"bow-gateway serve: {error}", file=sys.stderr)
+        logger.error("%s", error)
         return 1
     if not quiet:
         print(tour(bow, settings), flush=True)
