@@ -104,6 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # From here on serve writes only log records: JSON lines when stderr is not a terminal, its
+    # failures included (a bad configuration, a port taken, a crash with its traceback).
     configure_logging()
     try:
         settings = load_settings(args.config).with_address(host=args.host, port=args.port)
@@ -111,12 +113,16 @@ def _serve(args: argparse.Namespace) -> int:
             settings = worker_settings(settings)
         bow = build_bow(settings)
     except ValueError as error:
-        print(f"bow-gateway serve: {error}", file=sys.stderr)
+        logger.error("%s", error)
         return 2
     if args.workers > 1:
         del bow  # each worker builds its own, in its own process
         return run_workers(args.workers, _worker, args.config, args.host, args.port, args.workers)
-    return asyncio.run(_run_server(bow, settings))
+    try:
+        return asyncio.run(_run_server(bow, settings))
+    except Exception:
+        logger.critical("the gateway failed", exc_info=True)
+        return 1
 
 
 def _worker(
@@ -136,17 +142,14 @@ async def _run_server(bow: Bow, settings: Settings, quiet: bool = False) -> int:
     try:
         await bow.start()
     except ValueError as error:
-        print(f"bow-gateway serve: {error}", file=sys.stderr)
+        logger.error("%s", error)
         return 2
     except OSError as error:
         config = bow.config
-        print(
-            f"bow-gateway serve: cannot listen on {config.host}:{config.port}: {error.strerror}",
-            file=sys.stderr,
-        )
+        logger.error("cannot listen on %s:%d: %s", config.host, config.port, error.strerror)
         return 1
     except BackplaneUnavailable as error:
-        print(f"bow-gateway serve: {error}", file=sys.stderr)
+        logger.error("%s", error)
         return 1
     if not quiet:
         print(tour(bow, settings), flush=True)
@@ -268,10 +271,15 @@ def _mint(listener_id: str, secret: str, criteria: Mapping[str, Any], ttl: float
 
 
 def _secret(given: str | None) -> str:
-    if given:
-        return given
-    secret = os.environ.get(JWT_SECRET_ENV)
+    """The HS256 secret to sign with: ``--secret``, else ``$BOW_JWT_SECRET``, else the development
+    one. One too short to be safe (RFC 7518) is a usage error: the gateway would refuse it."""
+    jwt_outbound = importlib.import_module("bow_gateway.outbounds.jwt")
+    secret = given or os.environ.get(JWT_SECRET_ENV)
     if secret:
+        try:
+            jwt_outbound.check_secret(secret, source="--secret" if given else f"${JWT_SECRET_ENV}")
+        except ValueError as error:
+            raise UsageError(str(error)) from None
         return secret
     print(
         f"bow-gateway: signing with the development secret ({JWT_SECRET_ENV} is not set)",
@@ -342,9 +350,17 @@ def _listen(args: argparse.Namespace) -> int:
 
 
 async def _run_listener(url: str, version: str, token: str) -> int:
+    """Listen until Ctrl-C/SIGTERM (0) or a refusal or disconnection (1), over an HTTP session of
+    our own, closed whatever ended it: engineio closes its own only when the client disconnects,
+    not when the server does, and the interpreter then warns of an unclosed session."""
+    async with aiohttp.ClientSession() as session:
+        return await _listen_with(session, url, version, token)
+
+
+async def _listen_with(session: aiohttp.ClientSession, url: str, version: str, token: str) -> int:
     stop = _stop_on_signals()
     # handle_sigint=False: python-socketio would otherwise take SIGINT to disconnect by itself.
-    client = socketio.AsyncClient(reconnection=False, handle_sigint=False)
+    client = socketio.AsyncClient(reconnection=False, handle_sigint=False, http_session=session)
     refusal: list[str] = []
     authenticated = asyncio.Event()
     ended = asyncio.Event()
@@ -361,7 +377,11 @@ async def _run_listener(url: str, version: str, token: str) -> int:
         print(f"alert: {message}", file=sys.stderr, flush=True)
 
     async def on_connect_error(*data: Any) -> None:
-        refusal.append(" ".join(str(item) for item in data))
+        # The gateway's reason comes as {"message": ...}: print the reason, not the dict.
+        refusal.extend(
+            str(item["message"]) if isinstance(item, dict) and "message" in item else str(item)
+            for item in data
+        )
 
     async def on_disconnect(*reason: Any) -> None:
         ended.set()
@@ -377,7 +397,6 @@ async def _run_listener(url: str, version: str, token: str) -> int:
     except socketio.exceptions.ConnectionError as error:
         reason = "; ".join(refusal) or str(error)
         print(f"bow-gateway listen: {address} refused the connection: {reason}", file=sys.stderr)
-        await client.disconnect()  # a failed connect leaves the client's HTTP session open
         return 1
     try:
         await client.emit("authenticate", token, callback=lambda *_: authenticated.set())

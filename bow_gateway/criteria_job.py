@@ -558,7 +558,7 @@ def _warn_listpack(
         progress(
             f"warning: criteria up to {longest} bytes exceed the Redis setting"
             f" hash-max-listpack-value {limits['value']}: buckets holding them take more"
-            " memory; raise it (see the README)"
+            " memory; raise it (see docs/criteria-job.md)"
         )
     if "entries" in limits and config.listeners_per_bucket * 1.5 > limits["entries"]:
         progress(

@@ -39,7 +39,11 @@ class JsonFormatter(logging.Formatter):
 def configure_logging(
     level: int = logging.INFO, stream: TextIO | None = None, **static: Any
 ) -> None:
-    """Log to ``stream`` (stderr): JSON lines unless it is a terminal; ``static`` fields on each."""
+    """Log to ``stream`` (stderr): JSON lines unless it is a terminal; ``static`` fields on each.
+
+    Python warnings (a library's, a plugin's) are logged too, under ``py.warnings``: otherwise
+    they are written as plain text between the JSON lines.
+    """
     stream = stream or sys.stderr
     handler = logging.StreamHandler(stream)
     if stream.isatty():
@@ -52,3 +56,4 @@ def configure_logging(
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    logging.captureWarnings(True)

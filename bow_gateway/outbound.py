@@ -36,7 +36,8 @@ YIELD_EVERY: Final = 1_000  # sockets written between two yields to the event lo
 
 
 def normalise_version(version: str) -> str:
-    """``"v1.3"`` and ``"1.3"`` name the same version, as in Bow."""
+    """The key that matches ``"v1.3"`` and ``"1.3"`` to the same version, as in Bow (only a key:
+    errors, logs and metric labels name a version as it was configured)."""
     return version.removeprefix("v")
 
 
@@ -225,7 +226,7 @@ class SocketOutbound:
             )
         outbound = self._outbounds.get(normalise_version(versions[0]))
         if outbound is None:
-            known = ", ".join(sorted(f"v{v}" for v in self._outbounds)) or "none"
+            known = ", ".join(sorted(o.version for o in self._outbounds.values())) or "none"
             raise socketio.exceptions.ConnectionRefusedError(
                 f"unknown outbound version {versions[0]!r}: this gateway serves {known}"
             )
@@ -235,7 +236,7 @@ class SocketOutbound:
         self.connects += 1
         self.metrics.sockets_connected.labels(outbound.version).inc()
         logger.info(
-            "socket %s connected to outbound v%s from %s",
+            "socket %s connected to outbound %s from %s",
             sid,
             outbound.version,
             environ.get("REMOTE_ADDR", "?"),

@@ -46,7 +46,11 @@ class Bow:
         self.config: Config = load_config(config)
         self._own_backplane = backplane
         self.port: int | None = None
+        # Keyed by normalise_version(version), so that "v1" and "1" match; the names as configured
+        # (the specs' version, these) are what errors, logs and metric labels show.
         self._middlewares: dict[str, Callable[[Any], Any]] = {}
+        self._middleware_names: dict[str, str] = {}
+        self._middleware_references: list[tuple[str, str]] = []  # (who, middleware version)
         self._inbounds: dict[str, InboundSpec] = {}
         self._outbounds: dict[str, OutboundSpec] = {}
         self._health_check: Callable[[web.Request], Any] | None = None
@@ -72,6 +76,7 @@ class Bow:
         if key in self._middlewares:
             raise ValueError(f"middleware version {version!r} is already registered")
         self._middlewares[key] = create_criteria_from_listener_details
+        self._middleware_names[key] = version
         return self
 
     def inbound(
@@ -94,6 +99,7 @@ class Bow:
             create_message_from_request_body,
             _version("middleware_version", middleware_version),
         )
+        self._middleware_references.append((f"inbound {path!r}", middleware_version))
         return self
 
     def outbound(
@@ -109,10 +115,11 @@ class Bow:
             raise ValueError(f"outbound version {version!r} is already registered")
         _callable("create_listener_details_from_token", create_listener_details_from_token)
         self._outbounds[key] = OutboundSpec(
-            key,
+            version,
             create_listener_details_from_token,
             _version("middleware_version", middleware_version),
         )
+        self._middleware_references.append((f"outbound {version!r}", middleware_version))
         return self
 
     def health_check(self, decorator: Callable[[web.Request], Any]) -> Bow:
@@ -282,13 +289,14 @@ class Bow:
         outbound: SocketOutbound,
     ) -> None:
         """Re-index listeners whenever a middleware says their criteria changed."""
+        name = self._middleware_names[version]
         async for listener_ids in watch():
             try:
                 changed = await outbound.refresh(version, listener_ids)
             except Exception:  # the next change must still be followed
-                logger.exception("could not refresh the criteria of middleware v%s", version)
+                logger.exception("could not refresh the criteria of middleware %s", name)
                 continue
-            logger.info("middleware v%s: criteria of %d listeners changed", version, changed)
+            logger.info("middleware %s: criteria of %d listeners changed", name, changed)
 
     async def _stop_backplane(self) -> None:
         backplane, self._backplane = self._backplane, None
@@ -345,20 +353,12 @@ class Bow:
                 )
 
     def _check_versions(self) -> None:
-        specs: list[InboundSpec | OutboundSpec] = [
-            *self._inbounds.values(),
-            *self._outbounds.values(),
-        ]
-        for spec in specs:
-            if spec.middleware_version not in self._middlewares:
-                what = (
-                    f"inbound {spec.path!r}"
-                    if isinstance(spec, InboundSpec)
-                    else f"outbound v{spec.version}"
-                )
+        for what, middleware_version in self._middleware_references:
+            if normalise_version(middleware_version) not in self._middlewares:
+                known = ", ".join(sorted(self._middleware_names.values())) or "none"
                 raise ValueError(
-                    f"{what} names middleware version {spec.middleware_version!r}, "
-                    "which is not registered"
+                    f"{what} names middleware version {middleware_version!r}, "
+                    f"which is not registered (registered: {known})"
                 )
 
 

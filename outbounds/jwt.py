@@ -2,7 +2,8 @@
 
 HS256 (and HS384/HS512) with a shared secret, or RS256/ES256 (and kin) with a public key; the
 algorithms are pinned by configuration, never read from the token. ``exp`` and ``nbf`` are checked
-when present, ``aud`` and ``iss`` when configured.
+when present, ``aud`` and ``iss`` when configured. A shared secret shorter than its algorithm's hash
+is refused (RFC 7518, section 3.2): 32 bytes for HS256, 48 for HS384, 64 for HS512.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 import jwt
 
 _HMAC = {"HS256", "HS384", "HS512"}
+# RFC 7518, section 3.2: "a key of the same size as the hash output ... or larger MUST be used".
+MIN_SECRET_BYTES = {"HS256": 32, "HS384": 48, "HS512": 64}
 _PUBLIC = {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
 
 
@@ -52,6 +55,8 @@ class JwtOutbound:
             )
         if set(algorithms) <= _HMAC:
             key: str | None = secret if secret is not None else _from_env(secret_env, "secret")
+            if key:
+                check_secret(key, algorithms, f"${secret_env}" if secret is None else "")
         else:
             key = public_key
             if key is None and public_key_file is not None:
@@ -101,6 +106,22 @@ def _from_env(variable: str | None, what: str) -> str:
     return value
 
 
+def check_secret(secret: str, algorithms: Sequence[str] = ("HS256",), source: str = "") -> None:
+    """Refuse a shared secret shorter than RFC 7518 allows for the strongest of ``algorithms``
+    (``ValueError``, naming ``source`` if given): a short HMAC key can be found by brute force
+    from a single token."""
+    needed = max(MIN_SECRET_BYTES.get(algorithm, 0) for algorithm in algorithms)
+    size = len(secret.encode())
+    if size < needed:
+        strongest = max(algorithms, key=lambda algorithm: MIN_SECRET_BYTES.get(algorithm, 0))
+        named = f" ({source})" if source else ""
+        raise ValueError(
+            f"the {strongest} secret{named} is {size} bytes: RFC 7518 (section 3.2) requires "
+            f"at least {needed} for {strongest}; make one with "
+            f"python3 -c 'import secrets; print(secrets.token_urlsafe({needed}))'"
+        )
+
+
 def mint(
     listener_id: str,
     secret: str,
@@ -111,6 +132,8 @@ def mint(
     extra: Mapping[str, Any] | None = None,
 ) -> str:
     """A token for trying things out: ``sub`` is the listener id, ``criteria`` a claim."""
+    if algorithm in MIN_SECRET_BYTES:
+        check_secret(secret, [algorithm])
     now = int(time.time())
     claims: dict[str, Any] = {"sub": listener_id, "iat": now, "exp": now + int(ttl)}
     if criteria is not None:

@@ -56,7 +56,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RedisServer]:
-    # Criteria longer than Redis's default 64 bytes stay in listpacks (see the README).
+    # Criteria longer than Redis's default 64 bytes stay in listpacks (see docs/criteria-job.md).
     with RedisServer(config={"hash-max-listpack-value": 512}) as started:
         yield started
 
