@@ -13,12 +13,11 @@ listeners it holds and re-indexes them without disconnecting anyone.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from redis.asyncio import Redis
@@ -28,6 +27,7 @@ from redis.exceptions import RedisError
 
 from bow_gateway.criteria import ListenerId
 from bow_gateway.criteria_snapshot import DEFAULT_NAMESPACE, Layout, Live, parse_change
+from bow_gateway.plugins import CreateCriteriaFromListenerDetails, resolve
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class PrecomputedCriteria:
         self,
         redis: str | dict[str, Any] | None = None,
         namespace: str = DEFAULT_NAMESPACE,
-        fallback: Callable[[Mapping[str, Any]], Any] | str | None = None,
+        fallback: CreateCriteriaFromListenerDetails | str | None = None,
         *,
         redis_env: str = "BOW_REDIS_URL",
         pointer_ttl: float = 5.0,
@@ -61,7 +61,10 @@ class PrecomputedCriteria:
         if not isinstance(redis, (str, dict)):
             raise ValueError("redis must be a URL or a dict of redis-py connection settings")
         if isinstance(fallback, str):
-            fallback = _resolve(fallback)
+            try:
+                fallback = resolve(fallback)
+            except ValueError as error:
+                raise ValueError(f"fallback: {error}") from None
         if fallback is not None and not callable(fallback):
             raise ValueError("fallback must be a middleware function")
         self.redis = redis
@@ -182,14 +185,3 @@ class PrecomputedCriteria:
 
     def __repr__(self) -> str:  # never shows the URL, which may hold a password
         return f"PrecomputedCriteria(namespace={self.layout.namespace!r})"
-
-
-def _resolve(reference: str) -> Any:
-    """The object a ``"module:attribute"`` reference names."""
-    module, _, attribute = reference.partition(":")
-    if not module or not attribute:
-        raise ValueError(f"fallback: {reference!r} is not a 'module:function' reference")
-    try:
-        return getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"fallback: cannot load {reference!r}: {error}") from None
