@@ -19,7 +19,7 @@ import aiohttp
 import socketio
 
 from . import __version__
-from .backplane import BackplaneUnavailable
+from .backplanes import BackplaneUnavailable
 from .criteria_job import add_arguments as add_criteria_job_arguments
 from .criteria_job import run_command as run_criteria_job
 from .logs import configure_logging

@@ -18,7 +18,7 @@ from typing import Final
 from aiohttp import BasicAuth, hdrs, web
 from aiohttp.typedefs import Middleware
 
-from .backplane import BackplaneUnavailable
+from .backplanes import BackplaneUnavailable
 from .http_server import request_timeout
 from .message import Event, MessageEvent, parse_json, validate_message
 from .metrics import Metrics

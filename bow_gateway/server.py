@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from .backplane import Backplane, backplane_from_config
+from .backplanes import Backplane, backplane_from_config
 from .config import Config, load_config
 from .criteria import ListenerId
 from .gc_freeze import freeze_after_connects, release_closed_transports

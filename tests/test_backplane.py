@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from bow_gateway.backplane import Backplane, BackplaneUnavailable, MemoryBackplane
-from bow_gateway.redis_backplane import RedisBackplane
+from bow_gateway.backplanes import Backplane, BackplaneUnavailable, MemoryBackplane
+from bow_gateway.backplanes.redis import RedisBackplane
 
 from .redis_server import RedisServer
 

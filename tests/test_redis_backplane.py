@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from bow_gateway.backplane import BackplaneUnavailable
-from bow_gateway.redis_backplane import RedisBackplane
+from bow_gateway.backplanes import BackplaneUnavailable
+from bow_gateway.backplanes.redis import RedisBackplane
 
 from .redis_server import RedisServer, free_port
 
@@ -22,7 +22,7 @@ FAST = {"retry_backoff": 0.02, "max_backoff": 0.2, "publish_timeout": 0.5}
 
 @pytest.fixture(autouse=True)
 def _logs(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="bow_gateway.redis_backplane")
+    caplog.set_level(logging.INFO, logger="bow_gateway.backplanes.redis")
 
 
 @pytest.fixture

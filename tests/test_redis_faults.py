@@ -78,7 +78,7 @@ async def admin(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]
 def _quiet(caplog: pytest.LogCaptureFixture) -> None:
     # Thousands of refused POSTs and socket lines: keep what tells the story of the outage.
     caplog.set_level(logging.WARNING, logger="bow_gateway")
-    caplog.set_level(logging.INFO, logger="bow_gateway.redis_backplane")
+    caplog.set_level(logging.INFO, logger="bow_gateway.backplanes.redis")
 
 
 async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -219,7 +219,7 @@ async def test_no_accepted_message_is_lost_or_repeated_through_redis_faults(
             )
             assert got == sorted(got), f"socket {number}: {publisher.name}'s messages out of order"
             # A POST answered 503 may still have reached Redis, when its answer was what got lost
-            # (documented in redis_backplane): then it is delivered, once, in order, like the rest.
+            # (see backplanes/redis.py): then it is delivered, once, in order, like the rest.
             # That takes a fault with the XADD under way: one per publisher and fault at most.
             extra = set(got) - accepted
             assert len(extra) <= KILLS + 1, f"socket {number}: 503s delivered: {sorted(extra)}"

@@ -27,7 +27,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from .backplane import Backplane, BackplaneUnavailable
+from .base import Backplane, BackplaneUnavailable
 
 RESYNC_INTERVAL: Final = 1.0
 """Seconds between two looks (``XINFO STREAM``) at a stream read without interruption."""

@@ -97,7 +97,7 @@ def backplane_from_config(
     """The backend for the ``redis`` setting: in-process for ``None``, a Redis stream otherwise."""
     if redis is None:
         return MemoryBackplane(max_pending=max_pending)
-    from .redis_backplane import RedisBackplane
+    from .redis import RedisBackplane
 
     return RedisBackplane(
         redis,
