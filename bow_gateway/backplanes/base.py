@@ -1,15 +1,13 @@
-"""The backplane: how events reach every instance of one gateway, all in one order.
+"""The backplane interface: how events reach every instance of one gateway, all in one order.
 
-Backends sit behind one small async interface, chosen from the ``redis`` setting the way
-encode's broadcaster picks one by URL scheme: ``None`` keeps everything in this process.
+Every backend (:mod:`.memory`, :mod:`.redis`) implements :class:`Backplane`, and refuses what it
+cannot take with :class:`BackplaneUnavailable`, which the inbound answers with ``503``.
 """
 
 from __future__ import annotations
 
 import abc
-import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 
 class BackplaneUnavailable(Exception):
@@ -46,63 +44,3 @@ class Backplane(abc.ABC):
     @abc.abstractmethod
     def ready(self) -> bool:
         """Whether :meth:`publish` can take events now (``GET /health`` says 503 when not)."""
-
-
-class MemoryBackplane(Backplane):
-    """One instance, no Redis: a bounded in-process queue between the inbound and the sockets."""
-
-    def __init__(self, max_pending: int = 10_000) -> None:
-        self._max_pending = max_pending
-        self._queue: asyncio.Queue[bytes | None] | None = None
-
-    async def connect(self) -> None:
-        # The bound is kept by publish(), so that disconnect() can always add the end marker.
-        self._queue = asyncio.Queue()
-
-    async def disconnect(self) -> None:
-        queue, self._queue = self._queue, None
-        if queue is not None:
-            queue.put_nowait(None)
-
-    async def publish(self, data: bytes) -> None:
-        if self._queue is None:
-            raise BackplaneUnavailable("the gateway is not running")
-        if self._queue.qsize() >= self._max_pending:
-            raise BackplaneUnavailable(
-                f"{self._max_pending} events are already waiting for delivery"
-            )
-        self._queue.put_nowait(data)
-
-    async def events(self) -> AsyncIterator[bytes]:
-        queue = self._queue
-        if queue is None:
-            return
-        while (data := await queue.get()) is not None:
-            yield data
-
-    @property
-    def ready(self) -> bool:
-        return self._queue is not None
-
-
-def backplane_from_config(
-    redis: Any,
-    *,
-    namespace: str = "bow",
-    max_pending: int = 10_000,
-    max_len: int = 100_000,
-    connect_retries: int = 5,
-    publish_timeout: float = 2.0,
-) -> Backplane:
-    """The backend for the ``redis`` setting: in-process for ``None``, a Redis stream otherwise."""
-    if redis is None:
-        return MemoryBackplane(max_pending=max_pending)
-    from .redis import RedisBackplane
-
-    return RedisBackplane(
-        redis,
-        namespace=namespace,
-        max_len=max_len,
-        connect_retries=connect_retries,
-        publish_timeout=publish_timeout,
-    )
