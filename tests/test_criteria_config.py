@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from bow_gateway.criteria_config import ConfigError, load_job_config, parse_job_config
-from bow_gateway.criteria_job import local_cores, redacted, short
+from bow_gateway.job.config import ConfigError, load_job_config, parse_job_config
+from bow_gateway.job.run import local_cores, redacted, short
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"BOW_REDIS_URL": "redis://127.0.0.1:6379/0", "APP_DB_PASSWORD": "secret"}
@@ -156,7 +156,7 @@ def test_helpers() -> None:
 
 
 def test_local_spark_defaults_merge_the_file_s_java_options(tmp_path: Path) -> None:
-    from bow_gateway.criteria_job import local_defaults
+    from bow_gateway.job.run import local_defaults
 
     config = parse_job_config(document(spark={"conf": {"spark.sql.shuffle.partitions": "3"}}))
     assert local_defaults(2, config) == {

@@ -27,7 +27,7 @@ from bow_gateway.criteria_snapshot import (
     parse_change,
     snapshot_message,
 )
-from bow_gateway.criteria_store import LockHeld, SnapshotStore
+from bow_gateway.job.store import LockHeld, SnapshotStore
 
 from .redis_server import RedisServer
 

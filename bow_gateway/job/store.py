@@ -5,7 +5,7 @@ renewed by a thread), snapshots registered before they are written so that a cra
 are found and removed by the next run, the live pointer switched with one ``SET`` only while the
 lock is still ours, the previous snapshot left to expire after a grace period.
 
-The executors' side is :mod:`bow_gateway.criteria_writer`.
+The executors' side is :mod:`bow_gateway.job.writer`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import redis
 
-from .criteria_snapshot import Layout, Live, snapshot_message
+from ..criteria_snapshot import Layout, Live, snapshot_message
 
 logger = logging.getLogger(__name__)
 

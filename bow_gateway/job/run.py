@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from functools import partial
 from typing import IO, TYPE_CHECKING, Any, Final
 
-from bow_gateway.criteria_config import ConfigError, JobConfig, load_job_config
-from bow_gateway.criteria_snapshot import Layout, Live, bucket_count
+from ..criteria_snapshot import Layout, Live, bucket_count
+from .config import ConfigError, JobConfig, load_job_config
 
 if TYPE_CHECKING:
     import redis
     from pyspark.sql import DataFrame, SparkSession
 
-    from bow_gateway.criteria_store import SnapshotStore
+    from .store import SnapshotStore
 
 CONFIG_ENV: Final = "BOW_CRITERIA_JOB_CONFIG"
 APP_NAME: Final = "bow-gateway criteria-job"
@@ -222,8 +222,8 @@ def run_job(
     from py4j.protocol import Py4JError
     from pyspark.errors import PySparkException
 
-    from bow_gateway.criteria_frame import CriteriaQueryError
-    from bow_gateway.criteria_store import LockHeld, LockLost, SnapshotStore
+    from .frame import CriteriaQueryError
+    from .store import LockHeld, LockLost, SnapshotStore
 
     started = time.monotonic()
     client = redis_py.Redis.from_url(config.redis_url, socket_timeout=60, socket_connect_timeout=10)
@@ -256,7 +256,7 @@ def _locked_run(
     from pyspark import StorageLevel
     from pyspark.errors import PySparkException
 
-    from bow_gateway.criteria_frame import criteria_keys, shape
+    from .frame import criteria_keys, shape
 
     removed = store.clean_up()
     if removed:
@@ -349,8 +349,8 @@ def _full(
     progress: Callable[[str], None],
     started: float,
 ) -> Summary:
-    from bow_gateway.criteria_frame import entries
-    from bow_gateway.criteria_store import new_snapshot_id
+    from .frame import entries
+    from .store import new_snapshot_id
 
     buckets = config.buckets or bucket_count(read, config.listeners_per_bucket)
     snapshot = new_snapshot_id()
@@ -418,7 +418,7 @@ def _incremental(
 ) -> Summary:
     from pyspark.sql import functions as F
 
-    from bow_gateway.criteria_frame import changes as change_rows
+    from .frame import changes as change_rows
 
     previous_state = live.state
     assert previous_state is not None
@@ -475,11 +475,11 @@ def _write(
     from pyspark import cloudpickle
     from pyspark.sql import functions as F
 
-    from bow_gateway import criteria_writer
-    from bow_gateway.criteria_writer import STATS, write_partition
+    from . import writer as writer_module
+    from .writer import STATS, write_partition
 
     # Shipped by value: the executors need redis-py and pyarrow, not the gateway.
-    cloudpickle.register_pickle_by_value(criteria_writer)  # type: ignore[no-untyped-call]
+    cloudpickle.register_pickle_by_value(writer_module)  # type: ignore[no-untyped-call]
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH))
     writer = partial(
         write_partition,
@@ -501,7 +501,7 @@ def _save_state(spark: SparkSession, frame: DataFrame, config: JobConfig, snapsh
     """Each listener's digest, for the next incremental run: a new Parquet folder."""
     from pyspark.sql import functions as F
 
-    from bow_gateway.criteria_store import new_snapshot_id
+    from .store import new_snapshot_id
 
     assert config.state_dir is not None
     path = f"{config.state_dir.rstrip('/')}/{snapshot}-{new_snapshot_id()[-4:]}"
