@@ -6,10 +6,7 @@ column and one column per criterion); the executors write the rows to Redis in t
 and a notification. ``--incremental`` diffs each listener's criteria against the previous run's
 digests (Parquet, in ``snapshot.state_dir``) and writes only what changed into the live snapshot.
 
-Also runnable with ``spark-submit`` (hence the absolute imports)::
-
-    spark-submit --jars /usr/share/java/postgresql.jar \\
-        "$(python -c 'import bow_gateway.criteria_job as m; print(m.__file__)')" --config job.toml
+``spark-submit`` runs it through the file :mod:`bow_gateway.criteria_job`.
 """
 
 from __future__ import annotations
@@ -624,14 +621,10 @@ def run_command(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m bow_gateway.criteria_job`` and ``spark-submit``."""
+    """``python -m bow_gateway.criteria_job`` and ``spark-submit`` (of that file)."""
     parser = argparse.ArgumentParser(
         prog="criteria-job",
         description="Precompute every listener's criteria with Spark into Redis.",
     )
     add_arguments(parser)
     return run_command(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
