@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from bow_gateway.job.config import ConfigError, load_job_config, parse_job_config
-from bow_gateway.job.run import local_cores, redacted, short
+from bow_gateway.job.run import local_cores, short
+from bow_gateway.redis_client import redacted
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"BOW_REDIS_URL": "redis://127.0.0.1:6379/0", "APP_DB_PASSWORD": "secret"}
@@ -132,7 +133,7 @@ def test_unreadable_or_invalid_files_are_reported(tmp_path: Path) -> None:
 def test_the_shipped_job_files_load(tmp_path: Path) -> None:
     example = load_job_config(str(ROOT / "deploy/criteria-job.example.toml"), ENV)
     assert [i.name for i in example.inputs] == ["users", "roles", "memberships"]
-    assert example.redis_url == ENV["BOW_REDIS_URL"]
+    assert example.redis == ENV["BOW_REDIS_URL"]
     # the job.toml of deploy/kubernetes/cronjob.yaml's ConfigMap
     manifest = (ROOT / "deploy/kubernetes/cronjob.yaml").read_text()
     block = manifest.split("  job.toml: |\n", 1)[1].split("\n---", 1)[0]

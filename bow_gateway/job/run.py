@@ -22,12 +22,13 @@ from functools import partial
 from typing import IO, TYPE_CHECKING, Any, Final
 
 from ..criteria_snapshot import Layout, Live, bucket_count
+from ..redis_client import describe, sync_redis_client
 from .config import ConfigError, JobConfig, load_job_config
 
 if TYPE_CHECKING:
-    import redis
     from pyspark.sql import DataFrame, SparkSession
 
+    from ..redis_client import SyncClient
     from .store import SnapshotStore
 
 CONFIG_ENV: Final = "BOW_CRITERIA_JOB_CONFIG"
@@ -35,6 +36,8 @@ APP_NAME: Final = "bow-gateway criteria-job"
 ARROW_BATCH: Final = 65_536
 """Rows per Arrow batch to the writers (the default, 10,000, costs more round trips)."""
 JAVA_OPTIONS: Final = "spark.driver.extraJavaOptions"
+CLIENT_DEFAULTS: Final = {"socket_timeout": 60, "socket_connect_timeout": 10}
+"""redis-py settings of the job's clients (the driver's and the writers'), unless the file's."""
 
 
 class CriteriaJobError(RuntimeError):
@@ -223,7 +226,7 @@ def run_job(
     from .store import LockHeld, LockLost, SnapshotStore
 
     started = time.monotonic()
-    client = redis_py.Redis.from_url(config.redis_url, socket_timeout=60, socket_connect_timeout=10)
+    client = sync_redis_client(config.redis, defaults=CLIENT_DEFAULTS)
     try:
         client.ping()
         with SnapshotStore(
@@ -234,8 +237,8 @@ def run_job(
             )
     except (LockHeld, LockLost, CriteriaQueryError) as error:
         raise CriteriaJobError(str(error)) from None
-    except redis_py.RedisError as error:
-        raise CriteriaJobError(f"Redis at {redacted(config.redis_url)}: {error}") from None
+    except (redis_py.RedisError, redis_py.exceptions.RedisClusterException) as error:
+        raise CriteriaJobError(f"Redis at {describe(config.redis)}: {error}") from None
     except (PySparkException, Py4JError) as error:
         raise CriteriaJobError(f"Spark failed: {short(error)}") from None
     finally:
@@ -287,7 +290,7 @@ def _locked_run(
 
 def _check(
     shaped: DataFrame,
-    client: redis.Redis,
+    client: SyncClient,
     config: JobConfig,
     *,
     distinct: bool,
@@ -472,15 +475,18 @@ def _write(
     from pyspark import cloudpickle
     from pyspark.sql import functions as F
 
+    from .. import redis_client as redis_client_module
     from . import writer as writer_module
     from .writer import STATS, write_partition
 
     # Shipped by value: the executors need redis-py and pyarrow, not the gateway.
-    cloudpickle.register_pickle_by_value(writer_module)  # type: ignore[no-untyped-call]
+    for module in (writer_module, redis_client_module):
+        cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH))
     writer = partial(
         write_partition,
-        redis_url=config.redis_url,
+        redis=config.redis,
+        client_defaults=CLIENT_DEFAULTS,
         prefix=prefix,
         channel=channel,
         notify_chunk=config.notify_chunk,
@@ -538,7 +544,7 @@ def _sweep_states(spark: SparkSession, state_dir: str, keep: str) -> None:
 
 
 def _warn_listpack(
-    client: redis.Redis, config: JobConfig, longest: int, progress: Callable[[str], None]
+    client: SyncClient, config: JobConfig, longest: int, progress: Callable[[str], None]
 ) -> None:
     """Say when Redis would store buckets as hash tables (about 2x the memory of listpacks)."""
     limits: dict[str, int] = {}
@@ -563,11 +569,6 @@ def _warn_listpack(
             f" ~{int(config.listeners_per_bucket * 1.5)}) exceed hash-max-listpack-entries"
             f" {limits['entries']}: raise it or lower snapshot.listeners_per_bucket"
         )
-
-
-def redacted(url: str) -> str:
-    """A Redis URL without its password."""
-    return re.sub(r"//([^:@/]*):[^@/]*@", r"//\1:***@", url)
 
 
 # -- command line --------------------------------------------------------------------------------
