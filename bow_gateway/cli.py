@@ -20,8 +20,8 @@ import socketio
 
 from . import __version__
 from .backplanes import BackplaneUnavailable
-from .job.run import add_arguments as add_criteria_job_arguments
-from .job.run import run_command as run_criteria_job
+from .job.command import add_arguments as add_criteria_job_arguments
+from .job.command import run_command as run_criteria_job
 from .logs import configure_logging
 from .server import Bow
 from .standalone import (

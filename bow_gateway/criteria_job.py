@@ -17,6 +17,6 @@ if __name__ == "__main__":
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
 
-    from bow_gateway.job.run import main
+    from bow_gateway.job.command import main
 
     sys.exit(main())

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bow_gateway.job.config import ConfigError, load_job_config, parse_job_config
-from bow_gateway.job.run import local_cores, short
+from bow_gateway.job.spark import local_cores, short
 from bow_gateway.redis_client import redacted
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,7 +157,7 @@ def test_helpers() -> None:
 
 
 def test_local_spark_defaults_merge_the_file_s_java_options(tmp_path: Path) -> None:
-    from bow_gateway.job.run import local_defaults
+    from bow_gateway.job.spark import local_defaults
 
     config = parse_job_config(document(spark={"conf": {"spark.sql.shuffle.partitions": "3"}}))
     assert local_defaults(2, config) == {

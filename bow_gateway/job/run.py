@@ -6,24 +6,21 @@ column and one column per criterion); the executors write the rows to Redis in t
 and a notification. ``--incremental`` diffs each listener's criteria against the previous run's
 digests (Parquet, in ``snapshot.state_dir``) and writes only what changed into the live snapshot.
 
-``spark-submit`` runs it through the file :mod:`bow_gateway.criteria_job`.
+Its command line is :mod:`.command`; the Spark session and filesystem are :mod:`.spark`.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import re
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import IO, TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from ..criteria_snapshot import Layout, Live, bucket_count
 from ..redis_client import describe, sync_redis_client
-from .config import ConfigError, JobConfig, load_job_config
+from .config import JobConfig
+from .spark import exists, short, sweep_states
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -31,11 +28,8 @@ if TYPE_CHECKING:
     from ..redis_client import SyncClient
     from .store import SnapshotStore
 
-CONFIG_ENV: Final = "BOW_CRITERIA_JOB_CONFIG"
-APP_NAME: Final = "bow-gateway criteria-job"
 ARROW_BATCH: Final = 65_536
 """Rows per Arrow batch to the writers (the default, 10,000, costs more round trips)."""
-JAVA_OPTIONS: Final = "spark.driver.extraJavaOptions"
 CLIENT_DEFAULTS: Final = {"socket_timeout": 60, "socket_connect_timeout": 10}
 """redis-py settings of the job's clients (the driver's and the writers'), unless the file's."""
 
@@ -79,104 +73,6 @@ class Summary:
         )
 
 
-class Progress:
-    """Timestamped progress lines on stderr (or nowhere)."""
-
-    def __init__(self, stream: IO[str] | None) -> None:
-        self.stream = stream
-        self.started = time.monotonic()
-
-    def __call__(self, message: str) -> None:
-        if self.stream is not None:
-            elapsed = time.monotonic() - self.started
-            print(f"[{elapsed:7.1f} s] {message}", file=self.stream, flush=True)
-
-
-# -- Spark ---------------------------------------------------------------------------------------
-
-
-def build_session(config: JobConfig, master: str | None = None) -> SparkSession:
-    """A Spark session for the job: ``master`` > the file's > ``local[*]`` (unless spark-submit)."""
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.appName(APP_NAME)
-    master = master or config.master
-    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit
-        master = "local[*]"
-    if master is not None:
-        builder = builder.master(master)
-    conf = {
-        "spark.ui.showConsoleProgress": str(sys.stderr.isatty()).lower(),
-        # The query's result is cached once, read twice (checks, then writes): building the
-        # cache uncompressed is faster, and it is gone at the end of the run.
-        "spark.sql.inMemoryColumnarStorage.compressed": "false",
-    }
-    if config.jars:
-        conf["spark.jars"] = ",".join(config.jars)
-    cores = local_cores(master)
-    if cores is not None:
-        if not os.environ.get("PYSPARK_PYTHON"):
-            os.environ["PYSPARK_PYTHON"] = sys.executable  # local workers: this venv's Python
-        conf.update(local_defaults(cores, config))  # the file's Java options are merged in
-    conf.update({k: v for k, v in config.spark_conf.items() if k not in conf or k != JAVA_OPTIONS})
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    quiet_spark(spark)
-    return spark
-
-
-def local_defaults(cores: int, config: JobConfig) -> dict[str, str]:
-    """Settings for Spark on one machine (the job file's own ``spark.conf`` comes on top)."""
-    java = config.spark_conf.get(JAVA_OPTIONS, "")
-    options = [java] if java else []
-    if not re.search(r"-XX:\+Use\w+GC", java):
-        # G1's concurrent threads compete with the tasks on a small machine: a cold run of a
-        # million listeners takes ~15% longer with it (2 cores).
-        options.append("-XX:+UseParallelGC")
-    if config.class_archive is not None:
-        options.append(class_archive(config.class_archive))
-    return {
-        # Spark's 200 shuffle partitions cost seconds of task overhead on one machine.
-        "spark.sql.shuffle.partitions": str(2 * cores),
-        JAVA_OPTIONS: " ".join(options),
-    }
-
-
-def class_archive(path: str) -> str:
-    """The JVM option that loads Spark's classes from an AppCDS archive, or makes it (at exit).
-
-    A stale archive (another JDK or classpath) is ignored by the JVM, with a warning.
-    """
-    quiet = "-Xlog:cds*=off"  # making one lists every class it cannot archive, on stdout
-    if os.path.isfile(path):
-        return f"-XX:SharedArchiveFile={path} {quiet}"
-    return f"-XX:ArchiveClassesAtExit={path} {quiet}"
-
-
-def local_cores(master: str | None) -> int | None:
-    """The cores of a ``local``, ``local[N]`` or ``local[*]`` master; ``None`` for a cluster."""
-    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master or "")
-    if match is None:
-        return None
-    if match.group(1) in (None, ""):
-        return 1
-    return os.cpu_count() or 1 if match.group(1) == "*" else int(match.group(1))
-
-
-def quiet_spark(spark: SparkSession) -> None:
-    """Warnings only, and no ERROR dump of a bad query: the job reports it in one line."""
-    spark.sparkContext.setLogLevel("WARN")
-    try:
-        jvm: Any = spark.sparkContext._jvm
-        level = jvm.org.apache.logging.log4j.Level.OFF
-        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
-            "SQLQueryContextLogger", level
-        )
-    except Exception:  # noqa: BLE001 - cosmetic: another log4j setup keeps its output
-        pass
-
-
 def register_inputs(spark: SparkSession, config: JobConfig) -> None:
     """Every ``[[inputs]]`` table as a temporary Spark SQL view."""
     from py4j.protocol import Py4JError
@@ -193,21 +89,6 @@ def register_inputs(spark: SparkSession, config: JobConfig) -> None:
                 f"input {source.name!r}: cannot read it: {short(error)}"
             ) from None
         frame.createOrReplaceTempView(source.name)
-
-
-def short(error: BaseException) -> str:
-    """The useful line of a Spark or Py4J error (its first line, or a Python error's last)."""
-    java = getattr(error, "java_exception", None)  # a Py4JJavaError: the Java exception's line
-    text = str(java if java is not None else error).strip()
-    python_errors = re.findall(r"^\s*(?:[\w.]+\.)?\w+(?:Error|Exception): .+$", text, re.M)
-    if "Traceback (most recent call last)" in text and python_errors:
-        return str(python_errors[-1]).strip()
-    first = text.split("\n", 1)[0]
-    first = re.sub(r"\s*SQLSTATE: \w+.*$", "", first)
-    return str(first[:600])
-
-
-# -- the run -------------------------------------------------------------------------------------
 
 
 def run_job(
@@ -233,7 +114,7 @@ def run_job(
             client, Layout(config.namespace), lock_seconds=config.lock_seconds
         ) as store:
             return _locked_run(
-                config, spark, store, incremental, progress or Progress(None), started
+                config, spark, store, incremental, progress or (lambda _: None), started
             )
     except (LockHeld, LockLost, CriteriaQueryError) as error:
         raise CriteriaJobError(str(error)) from None
@@ -274,7 +155,7 @@ def _locked_run(
     shaped = shape(frame).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         read = _check(shaped, store.client, config, distinct=incremental, progress=progress)
-        if incremental and (live is None or live.state is None or not _exists(spark, live.state)):
+        if incremental and (live is None or live.state is None or not exists(spark, live.state)):
             progress("no state of a previous run to compare with: a full run instead")
             incremental = False
         elif incremental and live is not None and live.keys != keys:
@@ -376,7 +257,7 @@ def _full(
         raise
     if state is not None:
         assert config.state_dir is not None
-        _sweep_states(spark, config.state_dir, keep=state)
+        sweep_states(spark, config.state_dir, keep=state)
     progress(
         f"snapshot {snapshot} is live; the previous one expires in {config.grace_seconds:g} s"
         if live
@@ -451,7 +332,7 @@ def _incremental(
     state = _save_state(spark, new, config, live.snapshot)
     store.update_live(Live(live.snapshot, live.buckets, state, live.keys))
     assert config.state_dir is not None
-    _sweep_states(spark, config.state_dir, keep=state)
+    sweep_states(spark, config.state_dir, keep=state)
     return Summary(
         "incremental",
         live.snapshot,
@@ -514,35 +395,6 @@ def _save_state(spark: SparkSession, frame: DataFrame, config: JobConfig, snapsh
     return path
 
 
-def _hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
-    jvm: Any = spark.sparkContext._jvm
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    conf = spark.sparkContext._jsc.hadoopConfiguration()
-    return hadoop_path.getFileSystem(conf), hadoop_path
-
-
-def _exists(spark: SparkSession, path: str) -> bool:
-    filesystem, hadoop_path = _hadoop_path(spark, path)
-    return bool(filesystem.exists(hadoop_path))
-
-
-_STATE_NAME: Final = re.compile(r"\d{8}T\d{6}Z[0-9a-f]{4}-[0-9a-f]{4}")
-"""The folders :func:`_save_state` makes (anything else in ``state_dir`` is left alone)."""
-
-
-def _sweep_states(spark: SparkSession, state_dir: str, keep: str) -> None:
-    """Delete the state folders of earlier runs, also those a crashed run left, but ``keep``."""
-    filesystem, folder = _hadoop_path(spark, state_dir)
-    if not filesystem.exists(folder):
-        return
-    keep_name = keep.rstrip("/").rsplit("/", 1)[-1]
-    for status in filesystem.listStatus(folder):
-        path = status.getPath()
-        name = str(path.getName())
-        if name != keep_name and _STATE_NAME.fullmatch(name):
-            filesystem.delete(path, True)
-
-
 def _warn_listpack(
     client: SyncClient, config: JobConfig, longest: int, progress: Callable[[str], None]
 ) -> None:
@@ -569,63 +421,3 @@ def _warn_listpack(
             f" ~{int(config.listeners_per_bucket * 1.5)}) exceed hash-max-listpack-entries"
             f" {limits['entries']}: raise it or lower snapshot.listeners_per_bucket"
         )
-
-
-# -- command line --------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``criteria-job`` (shared by ``bow-gateway`` and ``python -m``)."""
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        default=os.environ.get(CONFIG_ENV) or None,
-        help=f"the job's TOML file (default: ${CONFIG_ENV})",
-    )
-    parser.add_argument(
-        "--master",
-        metavar="URL",
-        help="the Spark master (default: the file's spark.master, else local[*])",
-    )
-    parser.add_argument(
-        "--incremental",
-        action="store_true",
-        help="write only the listeners whose criteria changed since the last run",
-    )
-
-
-def run_command(
-    args: argparse.Namespace, out: IO[str] | None = None, err: IO[str] | None = None
-) -> int:
-    """Run the job as the command line asked; the exit status (0 done, 1 failed, 2 bad config)."""
-    out, err = out or sys.stdout, err or sys.stderr
-    if not args.config:
-        print(f"criteria-job: --config FILE is required (or ${CONFIG_ENV})", file=err)
-        return 2
-    try:
-        config = load_job_config(args.config)
-    except ConfigError as error:
-        print(f"criteria-job: {args.config}: {error}", file=err)
-        return 2
-    progress = Progress(err)
-    try:
-        progress("starting Spark")
-        spark = build_session(config, args.master)
-        summary = run_job(config, spark, incremental=args.incremental, progress=progress)
-    except CriteriaJobError as error:
-        print(f"criteria-job: failed: {error}", file=err)
-        return 1
-    print(summary.text(), file=out)
-    elapsed = time.monotonic() - progress.started
-    print(f"  with Spark's start {elapsed:>12.1f} s", file=out)
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m bow_gateway.criteria_job`` and ``spark-submit`` (of that file)."""
-    parser = argparse.ArgumentParser(
-        prog="criteria-job",
-        description="Precompute every listener's criteria with Spark into Redis.",
-    )
-    add_arguments(parser)
-    return run_command(parser.parse_args(argv))
