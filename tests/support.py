@@ -1,8 +1,10 @@
-"""Helpers shared by the tests: the quick-start gateway, tokens, and a recording listener."""
+"""Helpers shared by the tests: the quick-start gateway, tokens, a recording listener, polling."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -115,3 +117,14 @@ def short_heartbeats(bow: Bow) -> None:
     """Engine.IO pings every second, answered within one (the default is 25 s and 20 s)."""
     eio = bow._outbound.sio.eio  # type: ignore[union-attr]
     eio.ping_interval, eio.ping_timeout = 1, 1
+
+
+async def until(
+    condition: Callable[[], object], what: str = "a condition", *, timeout: float = 5.0
+) -> None:
+    """Poll ``condition`` every 10 ms until it holds; after ``timeout`` s, fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:g} s for {what}")
+        await asyncio.sleep(0.01)
