@@ -292,23 +292,6 @@ async def test_startup_waits_for_redis_within_the_retries(
     assert "trying again" in caplog.text
 
 
-async def test_sentinel_finds_the_master(
-    server: RedisServer, backplanes: Callable[..., RedisBackplane]
-) -> None:
-    with RedisServer.sentinel(server, "gateway") as sentinel:
-        settings = {"sentinels": [f"127.0.0.1:{sentinel.port}"], "service_name": "gateway"}
-        reader, writer = backplanes(settings), backplanes(settings)
-        await reader.connect()
-        await writer.connect()
-        collector = Collector(reader)
-        await writer.publish(b"through sentinel")
-        assert await collector.until(1) == [b"through sentinel"]
-        await reader.disconnect()
-        await writer.disconnect()
-    async with redis.asyncio.Redis(port=server.port) as client:
-        assert await client.xlen(reader.key) == 1
-
-
 async def test_namespaces_keep_gateways_apart(backplanes: Callable[..., RedisBackplane]) -> None:
     one, other = backplanes(namespace="one"), backplanes(namespace="other")
     await one.connect()
