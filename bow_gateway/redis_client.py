@@ -159,6 +159,16 @@ def sync_redis_client(
     return master
 
 
+async def subscribe(client: AsyncClient, pubsub: Any, *channels: str) -> None:
+    """``SUBSCRIBE`` with ``client.pubsub()``; a cluster client first learns where the slots
+    are, which its pub/sub does not do by itself (redis-py 8)."""
+    import redis.asyncio.cluster
+
+    if isinstance(client, redis.asyncio.cluster.RedisCluster):
+        await client.initialize()
+    await pubsub.subscribe(*channels)
+
+
 def describe(settings: Any) -> str:
     """The settings for a log line or an error: where Redis is, never a password."""
     if isinstance(settings, str):

@@ -27,7 +27,13 @@ from redis.exceptions import RedisError
 from bow_gateway.criteria import ListenerId
 from bow_gateway.criteria_snapshot import DEFAULT_NAMESPACE, Layout, Live, parse_change
 from bow_gateway.plugins import CreateCriteriaFromListenerDetails, resolve
-from bow_gateway.redis_client import AsyncClient, RedisSettings, check_settings, redis_client
+from bow_gateway.redis_client import (
+    AsyncClient,
+    RedisSettings,
+    check_settings,
+    redis_client,
+    subscribe,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +119,7 @@ class PrecomputedCriteria:
             client = self._connect(retry=Retry(NoBackoff(), 0))
             pubsub = client.pubsub()
             try:
-                await pubsub.subscribe(self.layout.changes_channel)
+                await subscribe(client, pubsub, self.layout.changes_channel)
                 if reconnected:  # notifications may have been missed meanwhile
                     self._forget_pointer()
                     yield None

@@ -72,6 +72,32 @@ def test_defaults_and_jdbc_options() -> None:
     assert query.inputs[0].options["dbtable"] == "(SELECT 1) AS bow_input"
 
 
+@pytest.mark.parametrize(
+    ("connection", "settings"),
+    [
+        ({"host": "10.0.0.5", "port": 6380}, {"host": "10.0.0.5", "port": 6380, "password": "pw"}),
+        (
+            {"sentinels": ["s1:26379"], "service_name": "main"},
+            {"sentinels": ["s1:26379"], "service_name": "main", "password": "pw"},
+        ),
+        (
+            [{"host": "node1", "port": 7000}, {"host": "node2", "port": 7000}],
+            [
+                {"host": "node1", "port": 7000, "password": "pw"},
+                {"host": "node2", "port": 7000, "password": "pw"},
+            ],
+        ),
+    ],
+    ids=["mapping", "sentinel", "cluster"],
+)
+def test_a_redis_connection_takes_every_form_the_gateway_takes(
+    connection: Any, settings: Any
+) -> None:
+    redis = {"connection": connection, "password_env": "REDIS_PASSWORD"}
+    config = parse_job_config(document(redis=redis), {"REDIS_PASSWORD": "pw"})
+    assert config.redis == settings
+
+
 def test_relative_paths_are_taken_from_the_file_s_folder(tmp_path: Path) -> None:
     path = tmp_path / "job.toml"
     path.write_text(
@@ -94,6 +120,14 @@ def test_relative_paths_are_taken_from_the_file_s_folder(tmp_path: Path) -> None
         ),
         ({"redis": {"url_env": "NOPE"}}, "NOPE"),
         ({"redis": {"url": "redis://x", "host": "y"}}, "redis.host: unknown setting"),
+        (
+            {"redis": {"url": "redis://x", "connection": {"host": "y"}}},
+            r"redis.connection: give either a url \(or url_env\) or a connection",
+        ),
+        ({"redis": {"connection": []}}, "redis.connection: must be a redis:// URL"),
+        ({"redis": {"connection": {"sentinels": ["s:1"]}}}, 'needs "service_name"'),
+        ({"redis": {"connection": {"host": "y"}, "password_env": "NOPE"}}, "NOPE is not set"),
+        ({"redis": {"url": "redis://x", "password_env": "P"}}, "only for a connection"),
         ({"criteria": {}}, "criteria.query: must be a non-empty string"),
         ({"criteria": None}, "criteria: a table is required"),
         ({"inputs": {"name": "x"}}, r"inputs: must be an array of tables"),
