@@ -10,8 +10,8 @@ reads what every instance published:
 
 - ``pubsub``: ``PUBLISH`` on a channel, a ``SUBSCRIBE``d connection reads (``PubSub.listen()``);
 - ``stream``: ``XADD key MAXLEN ~ 100000 * d <event>``, and a loop of ``XREAD COUNT 500 BLOCK 1000
-  STREAMS key <last id read>`` (the commands of ``bow_gateway/redis_backplane.py``);
-- ``backplane``: ``bow_gateway.redis_backplane.RedisBackplane`` itself (``publish()`` and
+  STREAMS key <last id read>`` (the commands of ``bow_gateway/backplanes/redis.py``);
+- ``backplane``: ``bow_gateway.backplanes.redis.RedisBackplane`` itself (``publish()`` and
   ``events()``): the same two commands, plus what the class adds: an ``XINFO STREAM`` before each
   read that follows a non-empty one (to notice trimming or a reset), a task per publish and read;
 - ``stream+xinfo``: ``stream`` plus that ``XINFO STREAM``, to tell its cost from the rest.
@@ -50,7 +50,7 @@ import _common as common
 from _redis import RedisServer
 from redis.asyncio import Redis
 
-from bow_gateway.redis_backplane import RedisBackplane
+from bow_gateway.backplanes.redis import RedisBackplane
 
 HEADER = struct.Struct("<QQ")  # monotonic_ns at publish, sequence number
 CHANNEL = b"bench:events"

@@ -4,7 +4,23 @@ Backends POST messages that carry an audience; sockets authenticate with a token
 reaches exactly the sockets whose criteria match its audience.
 """
 
+from .plugins import (
+    AsyncClosable,
+    CreateCriteriaFromListenerDetails,
+    CreateListenerDetailsFromToken,
+    CreateMessageFromRequestBody,
+    HealthCheck,
+    WatchesCriteria,
+)
 from .server import Bow
 
-__all__ = ["Bow"]
+__all__ = [
+    "AsyncClosable",
+    "Bow",
+    "CreateCriteriaFromListenerDetails",
+    "CreateListenerDetailsFromToken",
+    "CreateMessageFromRequestBody",
+    "HealthCheck",
+    "WatchesCriteria",
+]
 __version__ = "0.1.0"

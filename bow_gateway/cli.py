@@ -19,9 +19,9 @@ import aiohttp
 import socketio
 
 from . import __version__
-from .backplane import BackplaneUnavailable
-from .criteria_job import add_arguments as add_criteria_job_arguments
-from .criteria_job import run_command as run_criteria_job
+from .backplanes import BackplaneUnavailable
+from .job.command import add_arguments as add_criteria_job_arguments
+from .job.command import run_command as run_criteria_job
 from .logs import configure_logging
 from .server import Bow
 from .standalone import (

@@ -11,23 +11,22 @@ from typing import Any
 from marshmallow import Schema, ValidationError, fields, validate
 
 from .criteria import error_text
+from .redis_client import check_settings
 
 NON_EMPTY = validate.Length(min=1, error="must not be empty")
 
 
 class _RedisField(fields.Field):  # type: ignore[type-arg]
-    """``None``, a URL, a dict of redis-py connection kwargs, or a list of dicts (cluster nodes)."""
+    """``None``, or what :func:`bow_gateway.redis_client.redis_client` takes: a URL, a dict of
+    redis-py connection kwargs (Sentinel's too), or a list of dicts (cluster nodes)."""
 
     def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
-        if value is None or (isinstance(value, str) and value):
+        if value is None:
             return value
-        if isinstance(value, Mapping):
-            return dict(value)
-        if isinstance(value, list) and value and all(isinstance(node, Mapping) for node in value):
-            return [dict(node) for node in value]
-        raise ValidationError(
-            "must be a redis:// URL, a mapping of connection settings, or a list of such mappings"
-        )
+        try:
+            return check_settings(value)
+        except ValueError as error:
+            raise ValidationError(str(error)) from None
 
 
 class _HttpsField(fields.Field):  # type: ignore[type-arg]

@@ -20,8 +20,7 @@ the UTF-8 bytes of the field). With about 100 listeners per bucket each hash sta
 Redis (``hash-max-listpack-entries``, ``hash-max-listpack-value``), about 70-100 bytes per listener
 instead of ~160 for one key each, and the gateway reads a listener with one ``HGET``. The buckets
 spread over all slots of a Redis Cluster and the control keys share one (a hash tag), so no
-command touches two slots; the job's writers and the middleware themselves talk to one Redis
-server for now (a Redis Cluster client for them is still to come).
+command touches two slots; the job's writers send each bucket to the node that holds it.
 
 The field is JSON as Spark's ``to_json`` writes it: non-ASCII characters as they are, control
 characters as ``\\u00XX`` with upper-case hex (:func:`id_field`).

@@ -13,30 +13,21 @@ import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from aiohttp import BasicAuth, hdrs, web
 from aiohttp.typedefs import Middleware
 
-from .backplane import BackplaneUnavailable
+from .backplanes import BackplaneUnavailable
 from .http_server import request_timeout
 from .message import Event, MessageEvent, parse_json, validate_message
 from .metrics import Metrics
+from .plugins import HealthCheck, InboundPlugin
 from .userfn import call_user_function, describe
 
 logger = logging.getLogger("bow_gateway.inbound")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass(frozen=True)
-class InboundSpec:
-    """A registered inbound: its path, how a body becomes a message, its middleware version."""
-
-    path: str
-    create_message_from_request_body: Callable[[Any], Any]
-    middleware_version: str
 
 
 def basic_auth(
@@ -78,7 +69,7 @@ def basic_auth(
 
 
 def message_handler(
-    inbound: InboundSpec,
+    inbound: InboundPlugin,
     publish: Callable[[Event], Awaitable[None]],
     metrics: Metrics,
     *,
@@ -189,7 +180,7 @@ def _unavailable(retry_after: float) -> web.HTTPException:
 
 def health_handler(
     is_ready: Callable[[], bool],
-    decorator: Callable[[web.Request], Any] | None,
+    decorator: HealthCheck | None,
     *,
     timeout: float = 5.0,
 ) -> Handler:

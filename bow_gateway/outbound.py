@@ -12,7 +12,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import parse_qs
 
@@ -24,6 +23,7 @@ from .criteria import ID_KEY, Criteria, ListenerId, validate_criteria, validate_
 from .index import CriteriaIndex
 from .message import DISCONNECT, CriteriaEvent, Event, MessageEvent, dumps
 from .metrics import Metrics
+from .plugins import CreateCriteriaFromListenerDetails, OutboundPlugin, WatchesCriteria
 from .ratelimit import rate_limited
 from .userfn import call_user_function, describe
 from .websocket import LeanSocket, WebSocketDriver, make_lean, websocket_frame
@@ -41,15 +41,6 @@ def normalise_version(version: str) -> str:
     return version.removeprefix("v")
 
 
-@dataclass(frozen=True)
-class OutboundSpec:
-    """A registered outbound: its version, how a token becomes listener details, its middleware."""
-
-    version: str
-    create_listener_details_from_token: Callable[[Any], Any]
-    middleware_version: str
-
-
 class Connection:
     """One Socket.IO connection, from connect to disconnect."""
 
@@ -64,7 +55,7 @@ class Connection:
         "transport",
     )
 
-    def __init__(self, sid: str, eio_sid: str, outbound: OutboundSpec) -> None:
+    def __init__(self, sid: str, eio_sid: str, outbound: OutboundPlugin) -> None:
         self.sid = sid
         self.eio_sid = eio_sid
         self.outbound = outbound
@@ -156,8 +147,8 @@ class SocketOutbound:
     def __init__(
         self,
         *,
-        outbounds: Mapping[str, OutboundSpec],
-        middlewares: Mapping[str, Callable[[Any], Any]],
+        outbounds: Mapping[str, OutboundPlugin],
+        middlewares: Mapping[str, CreateCriteriaFromListenerDetails],
         indices: Mapping[str, CriteriaIndex[Connection]],
         publish: Callable[[Event], Awaitable[None]],
         auth_timeout: float = 5.0,
@@ -357,7 +348,7 @@ class SocketOutbound:
             deadline.cancel()
         listener_id = details["id"]
         connection.listener_id = listener_id
-        if callable(getattr(self._middlewares[outbound.middleware_version], "watch", None)):
+        if isinstance(self._middlewares[outbound.middleware_version], WatchesCriteria):
             connection.details = details  # to recompute the criteria when they change
         self._indices[outbound.middleware_version].add(connection, listener_id, criteria)
         self.metrics.authentications.labels(outbound.version, "accepted").inc()
@@ -375,7 +366,7 @@ class SocketOutbound:
             logger.warning("could not share the criteria of listener %r: %s", listener_id, error)
 
     async def _criteria_for(
-        self, outbound: OutboundSpec, token: Any
+        self, outbound: OutboundPlugin, token: Any
     ) -> tuple[Mapping[str, Any], Criteria]:
         timeout = self._auth_timeout
         listener_fn = outbound.create_listener_details_from_token

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -12,16 +11,27 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from .backplane import Backplane, backplane_from_config
+from .backplanes import Backplane, backplane_from_config
 from .config import Config, load_config
 from .criteria import ListenerId
 from .gc_freeze import freeze_after_connects, release_closed_transports
 from .http_server import app_runner, body_deadline, handshake_limits
-from .inbound import InboundSpec, basic_auth, health_handler, message_handler
+from .inbound import basic_auth, health_handler, message_handler
 from .index import CriteriaIndex
 from .message import Event, MessageEvent, decode_event, encode_event
 from .metrics import Metrics
-from .outbound import OutboundSpec, SocketOutbound, normalise_version
+from .outbound import SocketOutbound, normalise_version
+from .plugins import (
+    AsyncClosable,
+    CreateCriteriaFromListenerDetails,
+    CreateListenerDetailsFromToken,
+    CreateMessageFromRequestBody,
+    HealthCheck,
+    InboundPlugin,
+    OutboundPlugin,
+    PluginFunction,
+    WatchesCriteria,
+)
 from .supervisor import Supervisor
 
 logger = logging.getLogger("bow_gateway")
@@ -48,12 +58,12 @@ class Bow:
         self.port: int | None = None
         # Keyed by normalise_version(version), so that "v1" and "1" match; the names as configured
         # (the specs' version, these) are what errors, logs and metric labels show.
-        self._middlewares: dict[str, Callable[[Any], Any]] = {}
+        self._middlewares: dict[str, CreateCriteriaFromListenerDetails] = {}
         self._middleware_names: dict[str, str] = {}
         self._middleware_references: list[tuple[str, str]] = []  # (who, middleware version)
-        self._inbounds: dict[str, InboundSpec] = {}
-        self._outbounds: dict[str, OutboundSpec] = {}
-        self._health_check: Callable[[web.Request], Any] | None = None
+        self._inbounds: dict[str, InboundPlugin] = {}
+        self._outbounds: dict[str, OutboundPlugin] = {}
+        self._health_check: HealthCheck | None = None
         self._backplane: Backplane | None = None
         self._outbound: SocketOutbound | None = None
         self._runners: list[web.AppRunner] = []
@@ -68,7 +78,10 @@ class Bow:
     # -- registration -----------------------------------------------------------------------
 
     def middleware(
-        self, *, version: str, create_criteria_from_listener_details: Callable[[Any], Any]
+        self,
+        *,
+        version: str,
+        create_criteria_from_listener_details: CreateCriteriaFromListenerDetails,
     ) -> Bow:
         """Register how a listener's details become criteria, under a unique version."""
         key = _version("middleware", version)
@@ -83,7 +96,7 @@ class Bow:
         self,
         *,
         path: str,
-        create_message_from_request_body: Callable[[Any], Any],
+        create_message_from_request_body: CreateMessageFromRequestBody,
         middleware_version: str,
     ) -> Bow:
         """Register ``POST path``, whose bodies become messages resolved by a middleware version."""
@@ -94,7 +107,7 @@ class Bow:
         if path in self._inbounds:
             raise ValueError(f"inbound path {path!r} is already registered")
         _callable("create_message_from_request_body", create_message_from_request_body)
-        self._inbounds[path] = InboundSpec(
+        self._inbounds[path] = InboundPlugin(
             path,
             create_message_from_request_body,
             _version("middleware_version", middleware_version),
@@ -106,7 +119,7 @@ class Bow:
         self,
         *,
         version: str,
-        create_listener_details_from_token: Callable[[Any], Any],
+        create_listener_details_from_token: CreateListenerDetailsFromToken,
         middleware_version: str,
     ) -> Bow:
         """Register a Socket.IO handshake version whose tokens become listener details."""
@@ -114,7 +127,7 @@ class Bow:
         if key in self._outbounds:
             raise ValueError(f"outbound version {version!r} is already registered")
         _callable("create_listener_details_from_token", create_listener_details_from_token)
-        self._outbounds[key] = OutboundSpec(
+        self._outbounds[key] = OutboundPlugin(
             version,
             create_listener_details_from_token,
             _version("middleware_version", middleware_version),
@@ -122,7 +135,7 @@ class Bow:
         self._middleware_references.append((f"outbound {version!r}", middleware_version))
         return self
 
-    def health_check(self, decorator: Callable[[web.Request], Any]) -> Bow:
+    def health_check(self, decorator: HealthCheck) -> Bow:
         """Let ``decorator(request)`` make the ``200`` answer of ``GET /health``."""
         _callable("health_check", decorator)
         self._health_check = decorator
@@ -161,10 +174,9 @@ class Bow:
         supervise = self._supervisor.start
         self._consumer = supervise(CONSUMER, lambda: self._consume(backplane, outbound))
         for version, function in self._middlewares.items():
-            watch = getattr(function, "watch", None)
-            if callable(watch):
-                job = partial(self._follow, version, watch, outbound)
-                supervise(f"watcher of middleware v{version}", job)
+            if isinstance(function, WatchesCriteria):
+                job = partial(self._follow, version, function.watch, outbound)
+                supervise(f"watcher of middleware {self._middleware_names[version]}", job)
         if config.log_interval:
             interval = config.log_interval
             supervise("listener count", lambda: self._log_listeners(interval))
@@ -277,9 +289,8 @@ class Bow:
         for runner in runners:
             await runner.cleanup()
         for function in {*self._middlewares.values(), *self._inbound_functions()}:
-            close = getattr(function, "aclose", None)
-            if close is not None and inspect.iscoroutinefunction(close):
-                await close()
+            if isinstance(function, AsyncClosable):
+                await function.aclose()
         self._stopping = False
 
     async def _follow(
@@ -312,7 +323,7 @@ class Bow:
             await self._consumer
             self._consumer = None
 
-    def _inbound_functions(self) -> list[Callable[[Any], Any]]:
+    def _inbound_functions(self) -> list[PluginFunction]:
         return [
             *(spec.create_message_from_request_body for spec in self._inbounds.values()),
             *(spec.create_listener_details_from_token for spec in self._outbounds.values()),

@@ -28,12 +28,11 @@ of a section, ``BOW_<KEY>`` for the ``[middleware]`` keys, and ``BOW_REDIS_URL``
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import os
 import sys
 import tomllib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -41,6 +40,7 @@ from typing import Any, Final
 from marshmallow import Schema, fields
 
 from .config import _ConfigSchema, _HttpsSchema, load_config
+from .plugins import HealthCheck, InboundPlugin, MiddlewarePlugin, OutboundPlugin, resolve
 from .server import Bow
 
 logger = logging.getLogger("bow_gateway.standalone")
@@ -71,38 +71,6 @@ _FUNCTION_KEYS: Final = {
 
 
 @dataclass(frozen=True)
-class MiddlewarePlugin:
-    """A ``[[middlewares]]`` table, its function resolved."""
-
-    version: str
-    create_criteria_from_listener_details: Callable[[Any], Any]
-    reference: str
-    table: str
-
-
-@dataclass(frozen=True)
-class InboundPlugin:
-    """An ``[[inbounds]]`` table, its function resolved."""
-
-    path: str
-    create_message_from_request_body: Callable[[Any], Any]
-    middleware_version: str
-    reference: str
-    table: str
-
-
-@dataclass(frozen=True)
-class OutboundPlugin:
-    """An ``[[outbounds]]`` table, its function resolved."""
-
-    version: str
-    create_listener_details_from_token: Callable[[Any], Any]
-    middleware_version: str
-    reference: str
-    table: str
-
-
-@dataclass(frozen=True)
 class Settings:
     """Everything ``build_bow`` needs, and where it came from (for ``bow-gateway serve``)."""
 
@@ -111,7 +79,7 @@ class Settings:
     middlewares: tuple[MiddlewarePlugin, ...] = ()
     inbounds: tuple[InboundPlugin, ...] = ()
     outbounds: tuple[OutboundPlugin, ...] = ()
-    health_check: Callable[[Any], Any] | None = None
+    health_check: HealthCheck | None = None
     source: str | None = None
     """The file read, or ``None`` for the embedded default."""
     environment: dict[str, str] = field(default_factory=dict)
@@ -353,7 +321,7 @@ def _plugins(
     tuple[MiddlewarePlugin, ...],
     tuple[InboundPlugin, ...],
     tuple[OutboundPlugin, ...],
-    Callable[[Any], Any] | None,
+    HealthCheck | None,
 ]:
     key = _FUNCTION_KEYS["middlewares"]
     middlewares = tuple(
@@ -420,27 +388,13 @@ def _string(table: Mapping[str, Any], key: str, name: str) -> str:
     return value
 
 
-def _resolve(
-    table: Mapping[str, Any], name: str, key: str, *, options: bool = True
-) -> Callable[[Any], Any]:
+def _resolve(table: Mapping[str, Any], name: str, key: str, *, options: bool = True) -> Any:
     """``"module:attr"`` to a function; with an ``options`` table, ``attr(**options)``."""
     reference = _string(table, key, name)
-    module_name, _, attribute = reference.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"{name}: {key} = {reference!r} must look like 'module:attribute'")
     try:
-        target: Any = importlib.import_module(module_name)
-    except Exception as error:  # any failure of the import is the reference's
-        raise ValueError(
-            f"{name}: cannot import {reference!r}: {type(error).__name__}: {error}"
-        ) from error
-    for part in attribute.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise ValueError(
-                f"{name}: cannot import {reference!r}: {module_name} has no attribute {attribute!r}"
-            ) from None
+        target = resolve(reference)
+    except ValueError as error:  # keeps the import's own traceback as the cause
+        raise ValueError(f"{name}: {error}") from error.__cause__
     if options and "options" in table:
         arguments = table["options"]
         if not isinstance(arguments, Mapping):
@@ -456,8 +410,7 @@ def _resolve(
     if not callable(target):
         what = f"{reference}(**options)" if options and "options" in table else reference
         raise ValueError(f"{name}: {what} is a {type(target).__name__}, not a function")
-    function: Callable[[Any], Any] = target
-    return function
+    return target
 
 
 @contextlib.contextmanager
@@ -475,8 +428,8 @@ def _importable(folder: str | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _naming(table: str) -> Iterator[None]:
+def _naming(table: str | None) -> Iterator[None]:
     try:
         yield
     except ValueError as error:
-        raise ValueError(f"{table}: {error}") from None
+        raise ValueError(f"{table}: {error}" if table else str(error)) from None

@@ -7,8 +7,10 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from .plugins import PluginFunction
 
-async def call_user_function(function: Callable[[Any], Any], argument: Any, timeout: float) -> Any:
+
+async def call_user_function(function: PluginFunction, argument: Any, timeout: float) -> Any:
     """Call ``function(argument)`` and await what it returns if it is awaitable.
 
     A coroutine that has not answered within ``timeout`` seconds is cancelled (``TimeoutError``).

@@ -5,11 +5,13 @@ Use with the JWT outbound: its listener details hold the token's ``claims``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from bow_gateway.plugins import CreateCriteriaFromListenerDetails
 
-def criteria_from_claim(claim: str = "criteria") -> Callable[[Mapping[str, Any]], Any]:
+
+def criteria_from_claim(claim: str = "criteria") -> CreateCriteriaFromListenerDetails:
     """Criteria read from ``details["claims"][claim]`` (a token without it has no criteria)."""
 
     def create_criteria_from_listener_details(details: Mapping[str, Any]) -> Any:

@@ -13,21 +13,27 @@ listeners it holds and re-indexes them without disconnecting anyone.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from bow_gateway.criteria import ListenerId
 from bow_gateway.criteria_snapshot import DEFAULT_NAMESPACE, Layout, Live, parse_change
+from bow_gateway.plugins import CreateCriteriaFromListenerDetails, resolve
+from bow_gateway.redis_client import (
+    AsyncClient,
+    RedisSettings,
+    check_settings,
+    redis_client,
+    subscribe,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +41,8 @@ logger = logging.getLogger(__name__)
 class PrecomputedCriteria:
     """``create_criteria_from_listener_details`` backed by the criteria job's live snapshot.
 
-    ``redis``: a URL or a dict of redis-py connection settings; by default the URL in the
+    ``redis``: what :func:`bow_gateway.redis_client.redis_client` takes (a URL, a dict of redis-py
+    connection settings, Sentinel's, or a list of cluster nodes); by default the URL in the
     environment variable ``redis_env``. ``fallback``: a middleware function (plain or coroutine,
     or its ``"module:function"`` name) for ids the snapshot does not hold; without it they are
     refused. ``pointer_ttl``: seconds the live pointer is trusted without a notification.
@@ -43,9 +50,9 @@ class PrecomputedCriteria:
 
     def __init__(
         self,
-        redis: str | dict[str, Any] | None = None,
+        redis: RedisSettings | None = None,
         namespace: str = DEFAULT_NAMESPACE,
-        fallback: Callable[[Mapping[str, Any]], Any] | str | None = None,
+        fallback: CreateCriteriaFromListenerDetails | str | None = None,
         *,
         redis_env: str = "BOW_REDIS_URL",
         pointer_ttl: float = 5.0,
@@ -58,10 +65,15 @@ class PrecomputedCriteria:
                 raise ValueError(
                     f"redis: not given, and the environment variable {redis_env} is not set"
                 )
-        if not isinstance(redis, (str, dict)):
-            raise ValueError("redis must be a URL or a dict of redis-py connection settings")
+        try:
+            redis = check_settings(redis)
+        except ValueError as error:
+            raise ValueError(f"redis: {error}") from None
         if isinstance(fallback, str):
-            fallback = _resolve(fallback)
+            try:
+                fallback = resolve(fallback)
+            except ValueError as error:
+                raise ValueError(f"fallback: {error}") from None
         if fallback is not None and not callable(fallback):
             raise ValueError("fallback must be a middleware function")
         self.redis = redis
@@ -70,7 +82,7 @@ class PrecomputedCriteria:
         self._pointer_ttl = pointer_ttl
         self._ping_interval = ping_interval
         self._max_backoff = max_backoff
-        self._client: Redis | None = None
+        self._client: AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._live: Live | None = None
         self._live_read = float("-inf")
@@ -107,7 +119,7 @@ class PrecomputedCriteria:
             client = self._connect(retry=Retry(NoBackoff(), 0))
             pubsub = client.pubsub()
             try:
-                await pubsub.subscribe(self.layout.changes_channel)
+                await subscribe(client, pubsub, self.layout.changes_channel)
                 if reconnected:  # notifications may have been missed meanwhile
                     self._forget_pointer()
                     yield None
@@ -168,28 +180,15 @@ class PrecomputedCriteria:
         raw: bytes | str | None = await self._redis().hget(key, field)
         return raw
 
-    def _redis(self) -> Redis:
+    def _redis(self) -> AsyncClient:
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
             self._client = self._connect()
             self._loop = loop
         return self._client
 
-    def _connect(self, **options: Any) -> Redis:
-        if isinstance(self.redis, str):
-            return Redis.from_url(self.redis, **options)
-        return Redis(**{**self.redis, **options})
+    def _connect(self, **options: Any) -> AsyncClient:
+        return redis_client(self.redis, **options)
 
     def __repr__(self) -> str:  # never shows the URL, which may hold a password
         return f"PrecomputedCriteria(namespace={self.layout.namespace!r})"
-
-
-def _resolve(reference: str) -> Any:
-    """The object a ``"module:attribute"`` reference names."""
-    module, _, attribute = reference.partition(":")
-    if not module or not attribute:
-        raise ValueError(f"fallback: {reference!r} is not a 'module:function' reference")
-    try:
-        return getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"fallback: cannot load {reference!r}: {error}") from None

@@ -11,7 +11,7 @@ import pytest
 
 from bow_gateway import Bow
 
-from .support import AUTH, PATH, Listener, standard_bow, token
+from .support import AUTH, PATH, Gateway, Listener, standard_bow, token
 
 
 @pytest.fixture
@@ -84,3 +84,26 @@ def push(http: aiohttp.ClientSession, url: str) -> Callable[..., Awaitable[aioht
             return response
 
     return post
+
+
+@pytest.fixture
+async def serve(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> AsyncIterator[Callable[[Bow], Awaitable[Gateway]]]:
+    """``gateway = await serve(some_bow)``: start it; its clients are closed before it stops."""
+    gateways: list[Gateway] = []
+
+    async def start(bow: Bow) -> Gateway:
+        gateway = Gateway(await start_bow(bow), http)
+        gateways.append(gateway)
+        return gateway
+
+    yield start
+    for gateway in gateways:
+        await gateway.close()
+
+
+@pytest.fixture
+async def gateway(serve: Callable[[Bow], Awaitable[Gateway]]) -> Gateway:
+    """The quick-start gateway: JWT outbound v1.3 (id from ``sub``), criteria from the token."""
+    return await serve(standard_bow())

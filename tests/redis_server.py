@@ -7,12 +7,14 @@ with RedisServer(appendonly=True) as server:   # started; stopped and removed at
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -29,15 +31,22 @@ class RedisServer:
     """``redis-server`` on a free port of 127.0.0.1, with its data in a temporary directory.
 
     ``config`` adds settings (``{"stream-node-max-entries": 10}``); ``cluster=True`` makes it a
-    one-node Redis Cluster holding every slot.
+    Redis Cluster node holding ``slots`` (all of them: a one-node cluster; else see
+    :func:`redis_cluster`).
     """
 
     def __init__(
-        self, appendonly: bool = False, config: dict[str, Any] | None = None, cluster: bool = False
+        self,
+        appendonly: bool = False,
+        config: dict[str, Any] | None = None,
+        cluster: bool = False,
+        slots: tuple[int, int] = (0, 16383),
     ) -> None:
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="bow-redis-"))
         self.cluster = cluster
+        self.slots = slots
+        self.bus_port = free_port()
         options: dict[str, Any] = {
             "port": self.port,
             "bind": "127.0.0.1",
@@ -50,7 +59,7 @@ class RedisServer:
         if cluster:
             options["cluster-enabled"] = "yes"
             options["cluster-config-file"] = self.dir / "nodes.conf"
-            options["cluster-port"] = free_port()
+            options["cluster-port"] = self.bus_port
             options["cluster-node-timeout"] = 500
         self.args = ["redis-server", *_flags({**options, **(config or {})})]
         self.process: subprocess.Popen[bytes] | None = None
@@ -85,13 +94,20 @@ class RedisServer:
                 raise RuntimeError(f"redis-server did not start on port {self.port}:\n{log}")
             time.sleep(0.01)
         if self.cluster:
-            self.command("CLUSTER", "ADDSLOTSRANGE", "0", "16383")  # refused after a restart: fine
-            # A new cluster node waits 2 s before it says it can serve.
-            while "cluster_state:ok" not in self.command("CLUSTER", "INFO", first_line=False):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the cluster on port {self.port} is not ready")
-                time.sleep(0.05)
+            first, last = (str(slot) for slot in self.slots)
+            self.command("CLUSTER", "ADDSLOTSRANGE", first, last)  # refused after a restart: fine
+            if self.slots == (0, 16383):
+                self.wait_for_cluster(deadline)
         return self
+
+    def wait_for_cluster(self, deadline: float, nodes: int = 1) -> None:
+        """Until this node says its cluster can serve and knows ``nodes`` nodes (a new cluster
+        node waits 2 s before it says so)."""
+        wanted = ("cluster_state:ok", f"cluster_known_nodes:{nodes}\r")
+        while not all(w in self.command("CLUSTER", "INFO", first_line=False) for w in wanted):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster on port {self.port} is not ready")
+            time.sleep(0.05)
 
     def stop(self, kill: bool = False) -> None:
         """Stop the server (``SIGKILL`` if ``kill``); the directory stays for :meth:`restart`."""
@@ -154,6 +170,29 @@ class RedisServer:
 
     def __exit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def redis_cluster(nodes: int = 3, timeout: float = 20.0) -> Iterator[list[RedisServer]]:
+    """A Redis Cluster of ``nodes`` masters (no replicas), the slots split evenly between them."""
+    bounds = [16384 * n // nodes for n in range(nodes + 1)]
+    servers = [
+        RedisServer(cluster=True, slots=(bounds[n], bounds[n + 1] - 1)) for n in range(nodes)
+    ]
+    try:
+        for server in servers:
+            server.start()
+        for server in servers[1:]:
+            server.command(
+                "CLUSTER", "MEET", "127.0.0.1", str(servers[0].port), str(servers[0].bus_port)
+            )
+        deadline = time.monotonic() + timeout
+        for server in servers:
+            server.wait_for_cluster(deadline, nodes)
+        yield servers
+    finally:
+        for server in servers:
+            server.close()
 
 
 def _flags(options: dict[str, Any]) -> list[str]:

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from bow_gateway.criteria_config import ConfigError, load_job_config, parse_job_config
-from bow_gateway.criteria_job import local_cores, redacted, short
+from bow_gateway.job.config import ConfigError, load_job_config, parse_job_config
+from bow_gateway.job.spark import local_cores, short
+from bow_gateway.redis_client import redacted
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"BOW_REDIS_URL": "redis://127.0.0.1:6379/0", "APP_DB_PASSWORD": "secret"}
@@ -71,6 +72,32 @@ def test_defaults_and_jdbc_options() -> None:
     assert query.inputs[0].options["dbtable"] == "(SELECT 1) AS bow_input"
 
 
+@pytest.mark.parametrize(
+    ("connection", "settings"),
+    [
+        ({"host": "10.0.0.5", "port": 6380}, {"host": "10.0.0.5", "port": 6380, "password": "pw"}),
+        (
+            {"sentinels": ["s1:26379"], "service_name": "main"},
+            {"sentinels": ["s1:26379"], "service_name": "main", "password": "pw"},
+        ),
+        (
+            [{"host": "node1", "port": 7000}, {"host": "node2", "port": 7000}],
+            [
+                {"host": "node1", "port": 7000, "password": "pw"},
+                {"host": "node2", "port": 7000, "password": "pw"},
+            ],
+        ),
+    ],
+    ids=["mapping", "sentinel", "cluster"],
+)
+def test_a_redis_connection_takes_every_form_the_gateway_takes(
+    connection: Any, settings: Any
+) -> None:
+    redis = {"connection": connection, "password_env": "REDIS_PASSWORD"}
+    config = parse_job_config(document(redis=redis), {"REDIS_PASSWORD": "pw"})
+    assert config.redis == settings
+
+
 def test_relative_paths_are_taken_from_the_file_s_folder(tmp_path: Path) -> None:
     path = tmp_path / "job.toml"
     path.write_text(
@@ -93,6 +120,14 @@ def test_relative_paths_are_taken_from_the_file_s_folder(tmp_path: Path) -> None
         ),
         ({"redis": {"url_env": "NOPE"}}, "NOPE"),
         ({"redis": {"url": "redis://x", "host": "y"}}, "redis.host: unknown setting"),
+        (
+            {"redis": {"url": "redis://x", "connection": {"host": "y"}}},
+            r"redis.connection: give either a url \(or url_env\) or a connection",
+        ),
+        ({"redis": {"connection": []}}, "redis.connection: must be a redis:// URL"),
+        ({"redis": {"connection": {"sentinels": ["s:1"]}}}, 'needs "service_name"'),
+        ({"redis": {"connection": {"host": "y"}, "password_env": "NOPE"}}, "NOPE is not set"),
+        ({"redis": {"url": "redis://x", "password_env": "P"}}, "only for a connection"),
         ({"criteria": {}}, "criteria.query: must be a non-empty string"),
         ({"criteria": None}, "criteria: a table is required"),
         ({"inputs": {"name": "x"}}, r"inputs: must be an array of tables"),
@@ -132,7 +167,7 @@ def test_unreadable_or_invalid_files_are_reported(tmp_path: Path) -> None:
 def test_the_shipped_job_files_load(tmp_path: Path) -> None:
     example = load_job_config(str(ROOT / "deploy/criteria-job.example.toml"), ENV)
     assert [i.name for i in example.inputs] == ["users", "roles", "memberships"]
-    assert example.redis_url == ENV["BOW_REDIS_URL"]
+    assert example.redis == ENV["BOW_REDIS_URL"]
     # the job.toml of deploy/kubernetes/cronjob.yaml's ConfigMap
     manifest = (ROOT / "deploy/kubernetes/cronjob.yaml").read_text()
     block = manifest.split("  job.toml: |\n", 1)[1].split("\n---", 1)[0]
@@ -156,7 +191,7 @@ def test_helpers() -> None:
 
 
 def test_local_spark_defaults_merge_the_file_s_java_options(tmp_path: Path) -> None:
-    from bow_gateway.criteria_job import local_defaults
+    from bow_gateway.job.spark import local_defaults
 
     config = parse_job_config(document(spark={"conf": {"spark.sql.shuffle.partitions": "3"}}))
     assert local_defaults(2, config) == {

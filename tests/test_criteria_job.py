@@ -34,9 +34,10 @@ from bench.criteria_data import (
 from bench.criteria_data import write_postgres as load_postgres
 from bow_gateway import Bow
 from bow_gateway.cli import main as cli_main
-from bow_gateway.criteria_config import JobConfig, parse_job_config
-from bow_gateway.criteria_job import CriteriaJobError, build_session, run_job
 from bow_gateway.criteria_snapshot import Layout, Live, id_field, parse_change
+from bow_gateway.job.config import JobConfig, parse_job_config
+from bow_gateway.job.run import CriteriaJobError, run_job
+from bow_gateway.job.spark import build_session
 
 from .redis_server import RedisServer
 from .support import AUTH, Listener, base_config

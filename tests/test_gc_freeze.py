@@ -13,7 +13,7 @@ import pytest
 from bow_gateway import Bow
 from bow_gateway.gc_freeze import freeze_after_connects, release_closed_transports
 
-from .support import Listener, base_config, standard_bow, token
+from .support import Listener, base_config, standard_bow, token, until
 
 StartBow = Callable[[Bow], Awaitable[Bow]]
 
@@ -24,12 +24,6 @@ def _unfrozen() -> Iterator[None]:
     gc.unfreeze()
     yield
     gc.unfreeze()
-
-
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager

@@ -27,7 +27,7 @@ from bow_gateway.criteria_snapshot import (
     parse_change,
     snapshot_message,
 )
-from bow_gateway.criteria_store import LockHeld, SnapshotStore
+from bow_gateway.job.store import LockHeld, SnapshotStore
 
 from .redis_server import RedisServer
 
@@ -251,7 +251,7 @@ async def test_redis_from_the_environment_and_a_fallback_by_name(
     monkeypatch.delenv("BOW_REDIS_URL")
     with pytest.raises(ValueError, match="BOW_REDIS_URL is not set"):
         PrecomputedCriteria()
-    with pytest.raises(ValueError, match=r"cannot load 'tests\.test_precomputed:nope'"):
+    with pytest.raises(ValueError, match=r"fallback: cannot import 'tests\.test_precomputed:nope'"):
         PrecomputedCriteria(server.url, fallback="tests.test_precomputed:nope")
     assert "redis://" not in repr(PrecomputedCriteria(server.url))
 

@@ -12,17 +12,18 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from bow_gateway.backplane import BackplaneUnavailable
-from bow_gateway.redis_backplane import RedisBackplane
+from bow_gateway.backplanes import BackplaneUnavailable
+from bow_gateway.backplanes.redis import RedisBackplane
 
 from .redis_server import RedisServer, free_port
+from .support import until
 
 FAST = {"retry_backoff": 0.02, "max_backoff": 0.2, "publish_timeout": 0.5}
 
 
 @pytest.fixture(autouse=True)
 def _logs(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="bow_gateway.redis_backplane")
+    caplog.set_level(logging.INFO, logger="bow_gateway.backplanes.redis")
 
 
 @pytest.fixture
@@ -73,12 +74,6 @@ class Collector:
         return self.events
 
 
-async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.01)
-
-
 async def kill_clients(admin: redis.asyncio.Redis) -> int:
     """``CLIENT KILL`` every connection but ``admin``'s."""
     killed: int = await admin.client_kill_filter(_type="normal", skipme=True)
@@ -112,7 +107,7 @@ async def test_killed_reader_connections_lose_and_repeat_nothing(
     for n in range(300):
         if n % 50 == 25:
             await kill_blocked_read(admin, "reader")
-            await eventually(lambda: not reader.ready)
+            await until(lambda: not reader.ready)
         await writer.publish(data := f"event {n}".encode())
         published.append(data)
     assert await collector.until(len(published)) == published
@@ -143,7 +138,7 @@ async def test_every_connection_killed_while_publishing(
             await kill_clients(admin)
     assert len(published) > 250
     await publish(300)  # the writer works again
-    await eventually(lambda: published[-1] in collector.events)
+    await until(lambda: published[-1] in collector.events)
     seen = await collector.until(len(published))
     assert len(set(seen)) == len(seen), "an event was delivered twice"
     assert set(published) <= set(seen), "an accepted event was lost"
@@ -163,7 +158,7 @@ async def test_redis_down_refuses_quickly_then_resumes_without_loss(
     await collector.until(10)
 
     server.stop()
-    await eventually(lambda: not reader.ready)
+    await until(lambda: not reader.ready)
     started = time.monotonic()
     with pytest.raises(BackplaneUnavailable):
         await writer.publish(b"refused")
@@ -175,7 +170,7 @@ async def test_redis_down_refuses_quickly_then_resumes_without_loss(
     for n in range(10):
         await writer.publish(f"after {n}".encode())
     assert writer.ready
-    await eventually(lambda: reader.ready)
+    await until(lambda: reader.ready)
     for n in range(10, 20):
         await reader.publish(f"after {n}".encode())
     expected = [f"before {n}".encode() for n in range(10)] + [
@@ -254,7 +249,7 @@ async def test_trimmed_events_are_reported(
         for data in published:
             await writer.publish(data)
         collector = Collector(reader)  # starts reading well behind
-        await eventually(lambda: bool(collector.events) and collector.events[-1] == published[-1])
+        await until(lambda: bool(collector.events) and collector.events[-1] == published[-1])
         await reader.disconnect()
         await writer.disconnect()
     kept = collector.events
@@ -295,23 +290,6 @@ async def test_startup_waits_for_redis_within_the_retries(
         await backplane.disconnect()
         server.close()
     assert "trying again" in caplog.text
-
-
-async def test_sentinel_finds_the_master(
-    server: RedisServer, backplanes: Callable[..., RedisBackplane]
-) -> None:
-    with RedisServer.sentinel(server, "gateway") as sentinel:
-        settings = {"sentinels": [f"127.0.0.1:{sentinel.port}"], "service_name": "gateway"}
-        reader, writer = backplanes(settings), backplanes(settings)
-        await reader.connect()
-        await writer.connect()
-        collector = Collector(reader)
-        await writer.publish(b"through sentinel")
-        assert await collector.until(1) == [b"through sentinel"]
-        await reader.disconnect()
-        await writer.disconnect()
-    async with redis.asyncio.Redis(port=server.port) as client:
-        assert await client.xlen(reader.key) == 1
 
 
 async def test_namespaces_keep_gateways_apart(backplanes: Callable[..., RedisBackplane]) -> None:

@@ -18,7 +18,7 @@ import redis.asyncio
 from bow_gateway import Bow
 
 from .redis_server import RedisServer
-from .support import AUTH, PATH, Listener, base_config, standard_bow, token
+from .support import AUTH, PATH, Listener, base_config, standard_bow, token, until
 
 END = "end"
 KILLS = 4
@@ -81,16 +81,7 @@ async def admin(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]
 def _quiet(caplog: pytest.LogCaptureFixture) -> None:
     # Thousands of refused POSTs and socket lines: keep what tells the story of the outage.
     caplog.set_level(logging.WARNING, logger="bow_gateway")
-    caplog.set_level(logging.INFO, logger="bow_gateway.redis_backplane")
-
-
-async def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while not condition():
-                await asyncio.sleep(0.01)
-    except TimeoutError:
-        raise AssertionError(f"waited {timeout} s for {what}") from None
+    caplog.set_level(logging.INFO, logger="bow_gateway.backplanes.redis")
 
 
 async def until_ends(listener: Listener, count: int, timeout: float = 10) -> list[tuple[str, Any]]:
@@ -163,10 +154,10 @@ async def test_no_accepted_message_is_lost_or_repeated_through_redis_faults(
 
         async def more_accepted(count: int, timeout: float, what: str) -> None:
             targets = [publisher.accepted() + count for publisher in publishers]
-            await wait_for(
+            await until(
                 lambda: all(p.accepted() >= t for p, t in zip(publishers, targets, strict=True)),
-                timeout,
                 f"{count} more messages accepted by each instance {what}",
+                timeout=timeout,
             )
 
         await more_accepted(20, 5, "at first")
@@ -229,7 +220,7 @@ async def test_no_accepted_message_is_lost_or_repeated_through_redis_faults(
             )
             assert got == sorted(got), f"socket {number}: {publisher.name}'s messages out of order"
             # A POST answered 503 may still have reached Redis, when its answer was what got lost
-            # (documented in redis_backplane): then it is delivered, once, in order, like the rest.
+            # (see backplanes/redis.py): then it is delivered, once, in order, like the rest.
             # That takes a fault with the XADD under way: one per publisher and fault at most.
             extra = set(got) - accepted
             assert len(extra) <= KILLS + 1, f"socket {number}: 503s delivered: {sorted(extra)}"

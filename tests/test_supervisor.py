@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from bow_gateway import Bow
-from bow_gateway.backplane import MemoryBackplane
+from bow_gateway.backplanes import MemoryBackplane
 from bow_gateway.supervisor import Supervisor
 
 from .support import AUTH, PATH, Listener, base_config, read_metric, standard_bow, token

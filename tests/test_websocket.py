@@ -33,6 +33,7 @@ from .support import (
     short_heartbeats,
     standard_bow,
     token,
+    until,
 )
 
 SOCKETS = 30
@@ -108,14 +109,6 @@ def cyclic_garbage(garbage: list[Any]) -> collections.Counter[str]:
     return counts
 
 
-async def until(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(int(WAIT / 0.02)):
-        if condition():
-            return
-        await asyncio.sleep(0.02)
-    pytest.fail(f"never happened: {what}")
-
-
 @pytest.mark.parametrize(
     "mode",
     [
@@ -152,9 +145,15 @@ async def test_a_closed_connection_leaves_no_reference_cycles(
     try:
         assert await asyncio.wait_for(clients.stdout.readline(), WAIT) == b"ready\n"
         if mode == "refused":
-            await until(lambda: len(outbound.connections) == SOCKETS, "every socket connected")
+            await until(
+                lambda: len(outbound.connections) == SOCKETS, "every socket connected", timeout=WAIT
+            )
         else:
-            await until(lambda: outbound.listener_count() == SOCKETS, "every socket authenticated")
+            await until(
+                lambda: outbound.listener_count() == SOCKETS,
+                "every socket authenticated",
+                timeout=WAIT,
+            )
         sockets = [weakref.ref(socket) for socket in outbound.sio.eio.sockets.values()]
         gc.collect()  # what connecting and authenticating left: gone before a gc.freeze()
         gc.disable()
@@ -174,6 +173,7 @@ async def test_a_closed_connection_leaves_no_reference_cycles(
                     and not (http_server.connections or outbound._tasks)
                 ),
                 "every connection closed",
+                timeout=WAIT,
             )
             # engineio's ping checker holds sockets it iterates over, closed ones too, a while
             await outbound.sio.eio.shutdown()
@@ -394,7 +394,7 @@ async def test_a_long_polling_client_that_stops_polling_is_closed_and_unindexed(
     await client.listen(token("USER/1"))
     outbound = bow._outbound
     assert outbound is not None and outbound.listener_count() == 1
-    await until(lambda: outbound.listener_count() == 0, "the listener unindexed")
+    await until(lambda: outbound.listener_count() == 0, "the listener unindexed", timeout=WAIT)
     assert not outbound.sio.eio.sockets
 
 
@@ -412,7 +412,9 @@ async def test_a_long_polling_queue_is_bounded_in_bytes(
     for _ in range(5):  # over 10 KB waiting when the fifth comes, never polled
         async with http.post(url + PATH, json=body, headers=AUTH) as response:
             assert response.status == 204
-    await until(lambda: bow._outbound.listener_count() == 0, "the slow socket dropped")  # type: ignore[union-attr]
+    await until(
+        lambda: bow._outbound.listener_count() == 0, "the slow socket dropped", timeout=WAIT
+    )  # type: ignore[union-attr]
     assert await read_metric(http, url, 'bow_disconnects_total{reason="slow"}') == 1
 
 

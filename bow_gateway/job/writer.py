@@ -7,15 +7,17 @@ in large pipelined writes: Python touches each bucket, never each listener. No s
 rows beforehand, so a bucket may get one ``HSET`` from each partition that holds some of its
 listeners.
 
-Self-contained on purpose (redis-py, pyarrow and numpy only): the job ships this module to the
-executors by value (cloudpickle), so that they need neither the gateway nor its dependencies, and
-a Python worker starts without importing them.
+Self-contained on purpose (redis-py, pyarrow and numpy only): the job ships this module and
+:mod:`bow_gateway.redis_client` to the executors by value (cloudpickle), so that they need
+neither the gateway nor its dependencies, and a Python worker starts without importing them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
+
+from ..redis_client import RedisSettings, sync_redis_client
 
 if TYPE_CHECKING:
     import pyarrow
@@ -38,25 +40,25 @@ also cap a binary column at 2 GiB)."""
 def write_partition(
     batches: Iterator[pyarrow.RecordBatch],
     *,
-    redis_url: str,
+    redis: RedisSettings,
     prefix: str,
     channel: str | None = None,
     notify_chunk: int = 1000,
+    client_defaults: dict[str, Any] | None = None,
 ) -> Iterator[pyarrow.RecordBatch]:
     """Write a partition's rows (``bucket``, ``entry``, ``op``, ``notify``); one stats row out.
 
-    The key of bucket ``b`` is ``prefix + str(b)``. When ``channel`` is given, the ``notify``
-    column's fields (listener ids as JSON) are published there once the writes are done, as
-    ``{"ids": [...]}`` in chunks of ``notify_chunk`` ids. A Redis error raises, which fails the
-    task (and the job, which then switches nothing).
+    The key of bucket ``b`` is ``prefix + str(b)``; ``redis`` are the job's Redis settings (on a
+    Redis Cluster, each bucket's commands go to the node that holds it). When ``channel`` is
+    given, the ``notify`` column's fields (listener ids as JSON) are published there once the
+    writes are done, as ``{"ids": [...]}`` in chunks of ``notify_chunk`` ids. A Redis error
+    raises, which fails the task (and the job, which then switches nothing).
     """
     import pyarrow
     import pyarrow.compute
-    import redis
 
-    client = redis.Redis.from_url(redis_url, socket_timeout=60, socket_connect_timeout=10)
-    connection: Any = client.connection_pool.get_connection()
-    writer = _Writer(connection, prefix.encode())
+    client = sync_redis_client(redis, defaults=client_defaults)
+    writer = _Writer(_Connections(client), prefix.encode())
     notify: list[str] = []
     held: list[pyarrow.RecordBatch] = []
     held_rows = held_bytes = 0
@@ -74,10 +76,11 @@ def write_partition(
         writer.flush(last=True)
         for start in range(0, len(notify), notify_chunk):
             message = '{"ids":[' + ",".join(notify[start : start + notify_chunk]) + "]}"
+            connection = writer.connections.any()
             connection.send_command("PUBLISH", channel, message)
             connection.read_response()
     finally:
-        client.connection_pool.release(connection)
+        writer.connections.release()
         client.close()
     yield pyarrow.RecordBatch.from_pydict(
         {
@@ -89,17 +92,90 @@ def write_partition(
     )
 
 
-class _Writer:
-    """Commands for sets of rows, sent in pipelined writes of about :data:`FLUSH_BYTES`."""
+class _Connections:
+    """One connection per Redis server the keys live on: the one server, or a cluster's nodes."""
 
-    def __init__(self, connection: Any, prefix: bytes) -> None:
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.cluster = not hasattr(client, "connection_pool")  # a RedisCluster has none
+        self.taken: dict[str, tuple[Any, Any]] = {}  # server -> (its pool, our connection)
+
+    def for_key(self, key: bytes) -> tuple[str, Any]:
+        """The server that holds ``key`` (its name) and our connection to it."""
+        if self.cluster:
+            node = self.client.get_node_from_key(key)
+            name, pool = node.name, node.redis_connection.connection_pool
+        else:
+            name, pool = "", self.client.connection_pool
+        if name not in self.taken:
+            self.taken[name] = (pool, pool.get_connection())
+        return name, self.taken[name][1]
+
+    def any(self) -> Any:
+        """A connection to some server of the deployment (for ``PUBLISH``)."""
+        if not self.taken:
+            return self.for_key(b"")[1]
+        return next(iter(self.taken.values()))[1]
+
+    def release(self) -> None:
+        for pool, connection in self.taken.values():
+            pool.release(connection)
+        self.taken.clear()
+
+
+class _Pipe:
+    """Commands to one server, sent in pipelined writes of about :data:`FLUSH_BYTES`."""
+
+    def __init__(self, connection: Any) -> None:
         self.connection = connection
-        self.prefix = prefix
         self.pending: list[Any] = []
         self.size = 0
         self.waiting = 0  # commands pending, not sent yet
         self.in_flight = 0  # commands sent whose replies are still to read
-        self.commands = self.listeners = self.removed = 0
+        self.commands = 0
+
+    def add(self, header: bytes, body: Any) -> None:
+        self.pending += (header, body)
+        self.size += len(header) + len(body)
+        self.waiting += 1
+        if self.size >= FLUSH_BYTES:
+            self.flush()
+
+    def flush(self, last: bool = False) -> None:
+        """Send what is pending in one write, then read the replies to the previous write.
+
+        One write stays in flight while the next is prepared, so that Redis and this writer
+        work at the same time; ``last`` reads every reply. An error reply raises: the task fails.
+        """
+        if self.pending:
+            self.connection.send_packed_command([b"".join(self.pending)], check_health=False)
+        for _ in range(self.in_flight):
+            self.connection.read_response()
+        self.commands += self.in_flight
+        self.in_flight, self.waiting = self.waiting, 0
+        self.pending, self.size = [], 0
+        if last and self.in_flight:
+            self.flush()
+
+
+class _Writer:
+    """One command per bucket and run of rows, each to the pipe of the server holding it."""
+
+    def __init__(self, connections: _Connections, prefix: bytes) -> None:
+        self.connections = connections
+        self.prefix = prefix
+        self.pipes: dict[str, _Pipe] = {}
+        self.listeners = self.removed = 0
+
+    @property
+    def commands(self) -> int:
+        return sum(pipe.commands for pipe in self.pipes.values())
+
+    def pipe_for(self, key: bytes) -> _Pipe:
+        name, connection = self.connections.for_key(key)
+        if name not in self.pipes:
+            self.pipes[name] = _Pipe(connection)
+        return self.pipes[name]
 
     def write(self, batches: list[pyarrow.RecordBatch]) -> None:
         """One command per (op, bucket) among these rows; the bytes come straight from Arrow."""
@@ -137,25 +213,8 @@ class _Writer:
             else:
                 header = b"*%d\r\n$4\r\nHDEL\r\n$%d\r\n%s\r\n" % (2 + rows, len(key), key)
                 self.removed += rows
-            body = data[offsets[start] : offsets[end]]
-            self.pending += (header, body)
-            self.size += len(header) + len(body)
-            self.waiting += 1
-            if self.size >= FLUSH_BYTES:
-                self.flush()
+            self.pipe_for(key).add(header, data[offsets[start] : offsets[end]])
 
     def flush(self, last: bool = False) -> None:
-        """Send what is pending in one write, then read the replies to the previous write.
-
-        One write stays in flight while the next is prepared, so that Redis and this writer
-        work at the same time; ``last`` reads every reply. An error reply raises: the task fails.
-        """
-        if self.pending:
-            self.connection.send_packed_command([b"".join(self.pending)], check_health=False)
-        for _ in range(self.in_flight):
-            self.connection.read_response()
-        self.commands += self.in_flight
-        self.in_flight, self.waiting = self.waiting, 0
-        self.pending, self.size = [], 0
-        if last and self.in_flight:
-            self.flush()
+        for pipe in self.pipes.values():
+            pipe.flush(last)

@@ -5,7 +5,7 @@ renewed by a thread), snapshots registered before they are written so that a cra
 are found and removed by the next run, the live pointer switched with one ``SET`` only while the
 lock is still ours, the previous snapshot left to expire after a grace period.
 
-The executors' side is :mod:`bow_gateway.criteria_writer`.
+The executors' side is :mod:`bow_gateway.job.writer`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,12 @@ from typing import Any, Final
 
 import redis
 
-from .criteria_snapshot import Layout, Live, snapshot_message
+from ..criteria_snapshot import Layout, Live, snapshot_message
+from ..redis_client import SyncClient
 
 logger = logging.getLogger(__name__)
+
+_FAILURES = (redis.RedisError, redis.exceptions.RedisClusterException)
 
 WRITING: Final = "writing"
 LIVE: Final = "live"
@@ -56,7 +59,7 @@ class LockLost(RuntimeError):
 class SnapshotStore:
     """Snapshot bookkeeping in Redis, for one job run (a context manager that holds the lock)."""
 
-    def __init__(self, client: redis.Redis, layout: Layout, *, lock_seconds: float = 60.0) -> None:
+    def __init__(self, client: SyncClient, layout: Layout, *, lock_seconds: float = 60.0) -> None:
         self.client = client
         self.layout = layout
         self.token = secrets.token_hex(16)
@@ -84,7 +87,7 @@ class SnapshotStore:
             self._renewer.join()
         try:
             self.client.eval(_RELEASE, 1, self.layout.lock_key, self.token)
-        except redis.RedisError as error:  # it expires by itself
+        except _FAILURES as error:  # it expires by itself
             logger.warning("could not release the lock %s: %s", self.layout.lock_key, error)
 
     def _renew(self) -> None:
@@ -93,7 +96,7 @@ class SnapshotStore:
                 renewed = self.client.eval(
                     _RENEW, 1, self.layout.lock_key, self.token, self._lock_ms
                 )
-            except redis.RedisError as error:
+            except _FAILURES as error:
                 logger.warning("could not renew the lock: %s", error)
                 continue
             if not renewed:
@@ -166,7 +169,7 @@ class SnapshotStore:
             self.client.hset(self.layout.registry_key, live.snapshot, json.dumps(entry))
             if previous is not None and previous.snapshot != live.snapshot:
                 self.retire(previous, grace_seconds)
-        except redis.RedisError as error:
+        except _FAILURES as error:
             logger.warning("snapshot %s is live, but its bookkeeping failed: %s", live, error)
 
     def retire(self, previous: Live, grace_seconds: float) -> None:
@@ -191,9 +194,7 @@ class SnapshotStore:
         for start in range(0, buckets, 1000):
             pipe = self.client.pipeline(transaction=False)
             for bucket in range(start, min(buckets, start + 1000)):
-                pipe.execute_command(  # type: ignore[no-untyped-call]
-                    command, self.layout.bucket_key(snapshot, bucket), *args
-                )
+                pipe.execute_command(command, self.layout.bucket_key(snapshot, bucket), *args)
             replies.extend(pipe.execute())
         return replies
 

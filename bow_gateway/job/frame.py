@@ -28,7 +28,7 @@ from pyspark.sql.types import (
     StringType,
 )
 
-from .criteria import ID_KEY
+from ..criteria import ID_KEY
 
 ID_COLUMN: Final = "id"
 _INTEGRAL: Final = (ByteType, ShortType, IntegerType, LongType)
@@ -162,7 +162,7 @@ def entries(shaped: DataFrame, buckets: int) -> DataFrame:
     """Each listener's ``HSET`` arguments (``$field $value`` in RESP) and its bucket.
 
     No shuffle: each executor groups the rows of its partitions by bucket itself
-    (:mod:`bow_gateway.criteria_writer`), several ``HSET`` per bucket at most.
+    (:mod:`bow_gateway.job.writer`), several ``HSET`` per bucket at most.
     """
     return shaped.select(
         bucket_of(F.col("field"), buckets).cast("int").alias("bucket"),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -21,13 +20,12 @@ from functools import partial
 from typing import Any, Final, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
-from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from .backplane import Backplane, BackplaneUnavailable
+from ..redis_client import RedisSettings, describe, redis_client
+from .base import Backplane, BackplaneUnavailable
 
 RESYNC_INTERVAL: Final = 1.0
 """Seconds between two looks (``XINFO STREAM``) at a stream read without interruption."""
@@ -56,13 +54,13 @@ class _Cursor:
 class RedisBackplane(Backplane):
     """Every instance of the gateway appends to, and reads, the same Redis Stream.
 
-    ``redis``: a URL, a dict of redis-py connection settings (with ``sentinels`` and
-    ``service_name``: the master that Redis Sentinel names), or a list of them (cluster nodes).
+    ``redis``: the settings :func:`bow_gateway.redis_client.redis_client` takes (a URL, a dict of
+    redis-py connection settings, Sentinel's, or a list of cluster nodes).
     """
 
     def __init__(
         self,
-        redis: str | dict[str, Any] | list[dict[str, Any]],
+        redis: RedisSettings,
         *,
         namespace: str = "bow",
         max_len: int = 100_000,
@@ -260,7 +258,7 @@ class RedisBackplane(Backplane):
                 info = await self._info(client)
                 break
             except _FAILURES as exc:
-                where, reason = _describe(self.redis), _reason(exc)
+                where, reason = describe(self.redis), _reason(exc)
                 if attempt >= self._connect_retries:
                     raise BackplaneUnavailable(
                         f"cannot reach Redis at {where} after {attempt + 1} attempts: {reason}"
@@ -337,25 +335,7 @@ class RedisBackplane(Backplane):
             "protocol": 2,
             "socket_timeout": self._block_ms / 1000 + 5,  # XREAD BLOCK must not time out
         }
-        raw = {"decode_responses": False}
-        redis = self.redis
-        if isinstance(redis, str):
-            client: Client = Redis.from_url(redis, **own, **raw)
-        elif isinstance(redis, list):
-            nodes = [ClusterNode(node["host"], node.get("port", 6379)) for node in redis]
-            shared = {k: v for node in redis for k, v in node.items() if k not in ("host", "port")}
-            client = RedisCluster(startup_nodes=nodes, **{**own, **shared, **raw})
-        elif "sentinels" in redis:
-            options = {**own, **redis, **raw}
-            sentinels = [_address(sentinel) for sentinel in options.pop("sentinels")]
-            service = options.pop("service_name")
-            sentinel = Sentinel(  # type: ignore[no-untyped-call]
-                sentinels, sentinel_kwargs=options.pop("sentinel_kwargs", None), **options
-            )
-            master = sentinel.master_for(service)
-            return master, [master.aclose, *(each.aclose for each in sentinel.sentinels)]
-        else:
-            client = Redis(**{**own, **redis, **raw})
+        client = redis_client(self.redis, defaults=own, decode_responses=False)
         return client, [client.aclose]
 
     def _delay(self, attempt: int) -> float:
@@ -383,24 +363,6 @@ def _parse(entry_id: bytes | str) -> StreamId:
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     milliseconds, _, sequence = text.partition("-")
     return int(milliseconds), int(sequence or 0)
-
-
-def _address(sentinel: Any) -> tuple[str, int]:
-    """A sentinel as ``"host:port"`` or ``[host, port]``."""
-    host, port = sentinel.rsplit(":", 1) if isinstance(sentinel, str) else sentinel
-    return str(host), int(port)
-
-
-def _describe(redis: Any) -> str:
-    """The ``redis`` setting for a log line, without its password."""
-    if isinstance(redis, str):
-        return re.sub(r"//[^@/]*@", "//", redis)
-    if isinstance(redis, list):
-        return ", ".join(_describe(node) for node in redis)
-    if "sentinels" in redis:
-        return f"the master of {redis.get('service_name')!r} (sentinels {redis['sentinels']})"
-    address = f"{redis.get('host', 'localhost')}:{redis.get('port', 6379)}"
-    return str(redis.get("unix_socket_path") or address)
 
 
 def _reason(exc: BaseException) -> str:

@@ -1,16 +1,20 @@
-"""The backplane contract, run against every backend: in-process, Redis, and Redis Cluster."""
+"""The backplane contract, run against every backend: in-process, Redis, Redis Cluster and Redis
+through Sentinel (each on private servers). What only one backend does is tested beside it
+(test_redis_backplane.py: Redis under faults)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
-from bow_gateway.backplane import Backplane, BackplaneUnavailable, MemoryBackplane
-from bow_gateway.redis_backplane import RedisBackplane
+from bow_gateway.backplanes import Backplane, BackplaneUnavailable, MemoryBackplane
+from bow_gateway.backplanes.redis import RedisBackplane
 
 from .redis_server import RedisServer
 
@@ -27,28 +31,67 @@ def redis_cluster() -> Iterator[RedisServer]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def redis_sentinel(redis_server: RedisServer) -> Iterator[RedisServer]:
+    """A Sentinel that names ``redis_server`` the master of ``gateway``."""
+    with RedisServer.sentinel(redis_server, "gateway") as sentinel:
+        yield sentinel
+
+
+BOUND = 3  # events an in-process backplane holds undelivered in the tests of its bound
+PUBLISH_TIMEOUT = 0.3  # seconds Redis has to take an event in those tests
+
+
 class Backend:
     """Makes connected backplanes; ``shared``: whether they are instances of one gateway."""
 
-    def __init__(self, kind: str, server: RedisServer | None) -> None:
+    def __init__(self, kind: str, server: RedisServer | None, sentinel: RedisServer | None) -> None:
         self.kind = kind
         self.shared = kind != "memory"
-        self.server = server
+        self.server = server  # the Redis server that holds the stream
+        self.sentinel = sentinel
         self.namespace = f"test-{uuid.uuid4().hex[:8]}"  # the module's tests share one server
         self.made: list[Backplane] = []
 
-    def new(self) -> Backplane:
+    def new(self, bounded: bool = False) -> Backplane:
+        """A backplane (not connected); ``bounded``: one that soon refuses (see :meth:`unable`)."""
         backplane: Backplane
         if self.server is None:
-            backplane = MemoryBackplane()
+            backplane = MemoryBackplane(max_pending=BOUND if bounded else 10_000)
         else:
             redis: Any = self.server.url
             if self.kind == "cluster":
                 redis = [{"host": "127.0.0.1", "port": self.server.port}]
+            elif self.kind == "sentinel":
+                assert self.sentinel is not None
+                redis = {
+                    "sentinels": [f"127.0.0.1:{self.sentinel.port}"],
+                    "service_name": "gateway",
+                }
             # A long block shows that disconnect() interrupts the blocking read.
-            backplane = RedisBackplane(redis, namespace=self.namespace, block_ms=10_000)
+            backplane = RedisBackplane(
+                redis,
+                namespace=self.namespace,
+                block_ms=10_000,
+                publish_timeout=PUBLISH_TIMEOUT if bounded else 2.0,
+            )
         self.made.append(backplane)
         return backplane
+
+    @contextlib.asynccontextmanager
+    async def unable(self, backplane: Backplane) -> AsyncIterator[None]:
+        """While inside, ``backplane`` cannot take another event: the in-process one holds its
+        bound undelivered, Redis does not answer (stopped with SIGSTOP)."""
+        if self.server is None:
+            for n in range(BOUND):
+                await backplane.publish(f"held {n}".encode())
+            yield
+            return
+        self.server.pause()
+        try:
+            yield
+        finally:
+            self.server.resume()
 
     async def connected(self) -> Backplane:
         backplane = self.new()
@@ -56,13 +99,13 @@ class Backend:
         return backplane
 
 
-@pytest.fixture(params=["memory", "redis", "cluster"])
+@pytest.fixture(params=["memory", "redis", "cluster", "sentinel"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     async for made in _backend(request):
         yield made
 
 
-@pytest.fixture(params=["redis", "cluster"])
+@pytest.fixture(params=["redis", "cluster", "sentinel"])
 async def shared_backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     """The backends whose instances are one gateway (an in-process one has a single instance)."""
     async for made in _backend(request):
@@ -70,9 +113,11 @@ async def shared_backend(request: pytest.FixtureRequest) -> AsyncIterator[Backen
 
 
 async def _backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
-    fixture = {"redis": "redis_server", "cluster": "redis_cluster"}.get(request.param)
-    server = request.getfixturevalue(fixture) if fixture else None
-    backend = Backend(request.param, server)
+    fixture = {"redis": "redis_server", "cluster": "redis_cluster", "sentinel": "redis_server"}
+    name = fixture.get(request.param)
+    server = request.getfixturevalue(name) if name else None
+    sentinel = request.getfixturevalue("redis_sentinel") if request.param == "sentinel" else None
+    backend = Backend(request.param, server, sentinel)
     yield backend
     for backplane in backend.made:
         await backplane.disconnect()
@@ -208,3 +253,31 @@ async def test_concurrent_publishers_agree_on_one_order(shared_backend: Backend)
     assert seen_first == seen_second
     assert [e for e in seen_first if e.startswith(b"a")] == a
     assert [e for e in seen_first if e.startswith(b"b")] == b
+
+
+async def test_an_event_it_cannot_take_is_refused_promptly_with_a_retry_delay(
+    backend: Backend,
+) -> None:
+    backplane = backend.new(bounded=True)
+    await backplane.connect()
+    async with backend.unable(backplane):
+        started = time.monotonic()
+        with pytest.raises(BackplaneUnavailable) as refused:
+            await backplane.publish(b"refused")
+        assert time.monotonic() - started < PUBLISH_TIMEOUT + 1.0
+    assert refused.value.retry_after > 0
+
+
+async def test_once_it_can_again_it_takes_and_delivers_events(backend: Backend) -> None:
+    backplane = backend.new(bounded=True)
+    await backplane.connect()
+    async with backend.unable(backplane):
+        with pytest.raises(BackplaneUnavailable):
+            await backplane.publish(b"refused")
+    if not backend.shared:  # the in-process one must first deliver what it holds
+        assert await take(backplane, BOUND) == numbered(BOUND, "held")
+    await backplane.publish(b"after")
+    # A refused event may still be delivered (Redis may apply it late), never one accepted lost.
+    async with asyncio.timeout(5):
+        while (await take(backplane, 1))[0] != b"after":
+            pass

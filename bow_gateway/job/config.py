@@ -3,7 +3,11 @@
 ::
 
     [redis]
-    url = "redis://127.0.0.1:6379/0"   # or url_env = "BOW_REDIS_URL" (the default)
+    url = "redis://127.0.0.1:6379/0"   # or url_env = "BOW_REDIS_URL" (the default), or
+    # connection = { host = "10.0.0.5", port = 6379 }: redis-py settings, Sentinel's
+    # ({ sentinels = ["s1:26379"], service_name = "mymaster" }) or cluster nodes
+    # ([{ host = "node1", port = 7000 }, ...]), as the gateway's `redis` setting takes them;
+    # password_env = "REDIS_PASSWORD" adds their password from the environment
     namespace = "bow"                  # the gateway's namespace
 
     [spark]                            # optional
@@ -50,6 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from ..redis_client import RedisSettings, check_settings
+
 FORMATS: Final = ("jdbc", "parquet", "csv", "json")
 DEFAULT_REDIS_ENV: Final = "BOW_REDIS_URL"
 DRIVERS: Final = {
@@ -82,7 +88,8 @@ class Input:
 class JobConfig:
     """The whole file."""
 
-    redis_url: str
+    redis: RedisSettings
+    """A URL, a mapping of connection settings (Sentinel's too), or cluster nodes."""
     namespace: str
     query: str
     inputs: tuple[Input, ...]
@@ -119,13 +126,8 @@ def parse_job_config(
     """Check a parsed job file (relative paths are taken from ``base``)."""
     _only(document, "", {"redis", "spark", "inputs", "criteria", "snapshot"})
     redis = _table(document, "redis")
-    _only(redis, "redis.", {"url", "url_env", "namespace"})
-    url = _str(redis, "url", "redis.url", required=False)
-    if url is None:
-        name = _str(redis, "url_env", "redis.url_env", required=False) or DEFAULT_REDIS_ENV
-        url = environ.get(name) or None
-        if url is None:
-            raise ConfigError(f"redis.url: not set, and neither is the environment variable {name}")
+    _only(redis, "redis.", {"url", "url_env", "connection", "password_env", "namespace"})
+    settings = _redis_settings(redis, environ)
     spark = _table(document, "spark")
     _only(spark, "spark.", {"master", "conf", "class_archive"})
     conf = _table(spark, "conf", "spark.conf")
@@ -153,7 +155,7 @@ def parse_job_config(
         },
     )
     return JobConfig(
-        redis_url=url,
+        redis=settings,
         namespace=_str(redis, "namespace", "redis.namespace", required=False) or "bow",
         query=_str(criteria, "query", "criteria.query", required=True),  # type: ignore[arg-type]
         inputs=inputs,
@@ -167,6 +169,37 @@ def parse_job_config(
         state_dir=_optional_path(snapshot, "state_dir", "snapshot.state_dir", base),
         notify_chunk=_number(snapshot, "notify_chunk", 1000, 1, integer=True),
     )
+
+
+def _redis_settings(redis: Mapping[str, Any], environ: Mapping[str, str]) -> RedisSettings:
+    """``url``, or ``connection`` (with ``password_env``), or the URL in ``url_env``."""
+    connection = redis.get("connection")
+    if connection is not None:
+        if "url" in redis or "url_env" in redis:
+            raise ConfigError("redis.connection: give either a url (or url_env) or a connection")
+        try:
+            settings = check_settings(connection)
+        except ValueError as error:
+            raise ConfigError(f"redis.connection: {error}") from None
+        variable = _str(redis, "password_env", "redis.password_env", required=False)
+        if variable is None:
+            return settings
+        password = environ.get(variable) or None
+        if password is None:
+            raise ConfigError(f"redis.password_env: the environment variable {variable} is not set")
+        if isinstance(settings, list):
+            return [{**node, "password": password} for node in settings]
+        assert isinstance(settings, dict)
+        return {**settings, "password": password}
+    if "password_env" in redis:
+        raise ConfigError("redis.password_env: only for a connection (a URL holds its password)")
+    url = _str(redis, "url", "redis.url", required=False)
+    if url is None:
+        name = _str(redis, "url_env", "redis.url_env", required=False) or DEFAULT_REDIS_ENV
+        url = environ.get(name) or None
+        if url is None:
+            raise ConfigError(f"redis.url: not set, and neither is the environment variable {name}")
+    return url
 
 
 def _input(

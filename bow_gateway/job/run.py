@@ -1,0 +1,423 @@
+"""``bow-gateway criteria-job``: precompute every listener's criteria with Spark, swap them in live.
+
+The inputs of the job file become Spark SQL views; one query returns a row per listener (an ``id``
+column and one column per criterion); the executors write the rows to Redis in the layout of
+:mod:`bow_gateway.criteria_snapshot`, pipelined, as a new snapshot that goes live with one ``SET``
+and a notification. ``--incremental`` diffs each listener's criteria against the previous run's
+digests (Parquet, in ``snapshot.state_dir``) and writes only what changed into the live snapshot.
+
+Its command line is :mod:`.command`; the Spark session and filesystem are :mod:`.spark`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Final
+
+from ..criteria_snapshot import Layout, Live, bucket_count
+from ..redis_client import describe, sync_redis_client
+from .config import JobConfig
+from .spark import exists, short, sweep_states
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from ..redis_client import SyncClient
+    from .store import SnapshotStore
+
+ARROW_BATCH: Final = 65_536
+"""Rows per Arrow batch to the writers (the default, 10,000, costs more round trips)."""
+CLIENT_DEFAULTS: Final = {"socket_timeout": 60, "socket_connect_timeout": 10}
+"""redis-py settings of the job's clients (the driver's and the writers'), unless the file's."""
+
+
+class CriteriaJobError(RuntimeError):
+    """The job failed; the message says why (the live snapshot is untouched unless it says so)."""
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a run did."""
+
+    mode: str
+    snapshot: str
+    buckets: int
+    read: int
+    written: int
+    removed: int
+    seconds: float
+    write_seconds: float
+
+    @property
+    def rate(self) -> float:
+        """Listeners written (and removed) per second of the write phase."""
+        return (self.written + self.removed) / self.write_seconds if self.write_seconds else 0.0
+
+    def text(self) -> str:
+        verb = "changed" if self.mode == "incremental" else "written"
+        return "\n".join(
+            [
+                f"criteria job: {self.mode} run done, snapshot {self.snapshot} is live"
+                f" ({self.buckets:,} buckets)",
+                f"  listeners read     {self.read:>12,}",
+                f"  {verb:<18} {self.written:>12,}",
+                f"  removed            {self.removed:>12,}",
+                f"  duration           {self.seconds:>12.1f} s"
+                f"  ({self.read / self.seconds if self.seconds else 0:,.0f} listeners read/s)",
+                f"  write phase        {self.write_seconds:>12.1f} s"
+                f"  ({self.rate:,.0f} listeners/s)",
+            ]
+        )
+
+
+def register_inputs(spark: SparkSession, config: JobConfig) -> None:
+    """Every ``[[inputs]]`` table as a temporary Spark SQL view."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    for source in config.inputs:
+        reader = spark.read.format(source.format).options(**source.options)
+        if source.schema is not None:
+            reader = reader.schema(source.schema)
+        try:
+            frame = reader.load(list(source.paths)) if source.paths else reader.load()
+        except (PySparkException, Py4JError) as error:
+            raise CriteriaJobError(
+                f"input {source.name!r}: cannot read it: {short(error)}"
+            ) from None
+        frame.createOrReplaceTempView(source.name)
+
+
+def run_job(
+    config: JobConfig,
+    spark: SparkSession,
+    *,
+    incremental: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Summary:
+    """One run of the job; :class:`CriteriaJobError` when it fails (nothing switched then)."""
+    import redis as redis_py
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    from .frame import CriteriaQueryError
+    from .store import LockHeld, LockLost, SnapshotStore
+
+    started = time.monotonic()
+    client = sync_redis_client(config.redis, defaults=CLIENT_DEFAULTS)
+    try:
+        client.ping()
+        with SnapshotStore(
+            client, Layout(config.namespace), lock_seconds=config.lock_seconds
+        ) as store:
+            return _locked_run(
+                config, spark, store, incremental, progress or (lambda _: None), started
+            )
+    except (LockHeld, LockLost, CriteriaQueryError) as error:
+        raise CriteriaJobError(str(error)) from None
+    except (redis_py.RedisError, redis_py.exceptions.RedisClusterException) as error:
+        raise CriteriaJobError(f"Redis at {describe(config.redis)}: {error}") from None
+    except (PySparkException, Py4JError) as error:
+        raise CriteriaJobError(f"Spark failed: {short(error)}") from None
+    finally:
+        client.close()
+
+
+def _locked_run(
+    config: JobConfig,
+    spark: SparkSession,
+    store: SnapshotStore,
+    incremental: bool,
+    progress: Callable[[str], None],
+    started: float,
+) -> Summary:
+    from pyspark import StorageLevel
+    from pyspark.errors import PySparkException
+
+    from .frame import criteria_keys, shape
+
+    removed = store.clean_up()
+    if removed:
+        progress(f"removed what earlier runs left: snapshot(s) {', '.join(removed)}")
+    live = store.live()
+    if incremental and config.state_dir is None:
+        raise CriteriaJobError("--incremental needs snapshot.state_dir in the job file")
+    register_inputs(spark, config)
+    progress(f"inputs: {', '.join(i.name for i in config.inputs) or 'none'}")
+    try:
+        frame = spark.sql(config.query)
+    except PySparkException as error:
+        raise CriteriaJobError(f"the criteria query is invalid: {short(error)}") from None
+    keys = criteria_keys(frame)
+    shaped = shape(frame).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        read = _check(shaped, store.client, config, distinct=incremental, progress=progress)
+        if incremental and (live is None or live.state is None or not exists(spark, live.state)):
+            progress("no state of a previous run to compare with: a full run instead")
+            incremental = False
+        elif incremental and live is not None and live.keys != keys:
+            progress("the query's criteria columns changed since the live snapshot: a full run")
+            incremental = False
+        if incremental:
+            assert live is not None and live.state is not None
+            return _incremental(config, spark, store, shaped, live, read, progress, started)
+        return _full(config, spark, store, shaped, live, keys, read, progress, started)
+    finally:
+        shaped.unpersist()
+
+
+def _check(
+    shaped: DataFrame,
+    client: SyncClient,
+    config: JobConfig,
+    *,
+    distinct: bool,
+    progress: Callable[[str], None],
+) -> int:
+    """Run the query once (cached), count it and refuse rows that break the gateway's rules."""
+    from pyspark.sql import functions as F
+
+    aggregates = [
+        F.count(F.lit(1)).alias("read"),
+        F.count(F.col("problem")).alias("bad"),
+        F.first(
+            F.concat(
+                F.col("problem"),
+                F.lit(" (listener "),
+                F.coalesce(F.col("field"), F.lit("NULL")),
+                F.lit(")"),
+            ),
+            ignorenulls=True,
+        ).alias("example"),
+        F.max(F.octet_length("value")).alias("longest"),
+    ]
+    if distinct:
+        aggregates.append(F.count_distinct("field").alias("distinct"))
+    row = shaped.agg(*aggregates).collect()[0]
+    read = int(row["read"])
+    progress(f"criteria query: {read:,} listeners")
+    if row["bad"]:
+        raise CriteriaJobError(
+            f"{row['bad']:,} listener(s) break the gateway's rules for criteria, e.g. "
+            f"{row['example']}; nothing was written"
+        )
+    if distinct and row["distinct"] != read:
+        raise CriteriaJobError(
+            f"{read - row['distinct']:,} listener id(s) appear in more than one row of the"
+            f" criteria query, e.g. {', '.join(_duplicates(shaped))}: the query must return one"
+            " row per listener (GROUP BY id); nothing was written"
+        )
+    _warn_listpack(client, config, row["longest"] or 0, progress)
+    return read
+
+
+def _duplicates(shaped: DataFrame) -> list[str]:
+    rows = shaped.groupBy("field").count().where("count > 1").limit(3).collect()
+    return [str(row["field"]) for row in rows]
+
+
+def _full(
+    config: JobConfig,
+    spark: SparkSession,
+    store: SnapshotStore,
+    shaped: DataFrame,
+    live: Live | None,
+    keys: tuple[str, ...],
+    read: int,
+    progress: Callable[[str], None],
+    started: float,
+) -> Summary:
+    from .frame import entries
+    from .store import new_snapshot_id
+
+    buckets = config.buckets or bucket_count(read, config.listeners_per_bucket)
+    snapshot = new_snapshot_id()
+    store.begin(snapshot, buckets)
+    progress(f"writing snapshot {snapshot}: {read:,} listeners in {buckets:,} buckets")
+    try:
+        rows = entries(shaped, buckets)
+        write_started = time.monotonic()
+        stats = _write(spark, rows, config, store.layout.bucket_prefix(snapshot))
+        write_seconds = time.monotonic() - write_started
+        held = store.count(snapshot, buckets)
+        if held != read:
+            raise CriteriaJobError(
+                f"{read - held:,} listener id(s) appear in more than one row of the criteria"
+                f" query, e.g. {', '.join(_duplicates(shaped))}: the query must return one row"
+                " per listener (GROUP BY id)"
+            )
+        progress(f"wrote {stats['listeners']:,} listeners in {write_seconds:.1f} s")
+        state = _save_state(spark, shaped, config, snapshot) if config.state_dir else None
+        store.go_live(Live(snapshot, buckets, state, keys), live, config.grace_seconds)
+    except BaseException:
+        _abandon(store, snapshot, buckets)
+        raise
+    if state is not None:
+        assert config.state_dir is not None
+        sweep_states(spark, config.state_dir, keep=state)
+    progress(
+        f"snapshot {snapshot} is live; the previous one expires in {config.grace_seconds:g} s"
+        if live
+        else f"snapshot {snapshot} is live"
+    )
+    return Summary(
+        "full",
+        snapshot,
+        buckets,
+        read,
+        stats["listeners"],
+        0,
+        time.monotonic() - started,
+        write_seconds,
+    )
+
+
+def _abandon(store: SnapshotStore, snapshot: str, buckets: int) -> None:
+    """Remove a snapshot that did not go live (if that fails too, the next run removes it)."""
+    import redis as redis_py
+
+    try:
+        live = store.live()
+        if live is None or live.snapshot != snapshot:
+            store.discard(snapshot, buckets)
+    except (redis_py.RedisError, ValueError):
+        pass
+
+
+def _incremental(
+    config: JobConfig,
+    spark: SparkSession,
+    store: SnapshotStore,
+    shaped: DataFrame,
+    live: Live,
+    read: int,
+    progress: Callable[[str], None],
+    started: float,
+) -> Summary:
+    from pyspark.sql import functions as F
+
+    from .frame import changes as change_rows
+
+    previous_state = live.state
+    assert previous_state is not None
+    if read > 3 * live.buckets * config.listeners_per_bucket:
+        progress(
+            f"note: {read:,} listeners in {live.buckets:,} buckets: run a full run to"
+            " re-balance them"
+        )
+    new = shaped.select("field", "value", F.xxhash64("value").alias("digest"))
+    old = spark.read.parquet(previous_state).select("field", F.col("digest").alias("previous"))
+    diff = (
+        new.join(old, "field", "full_outer")
+        .where("value IS NULL OR previous IS NULL OR digest != previous")
+        .select("field", "value")
+    )
+    # From here the live snapshot no longer matches the saved state: a run that dies before
+    # the end leaves the pointer without state, so that the next run is a full one.
+    store.update_live(Live(live.snapshot, live.buckets, None, live.keys))
+    progress(f"writing the changes into the live snapshot {live.snapshot}")
+    write_started = time.monotonic()
+    stats = _write(
+        spark,
+        change_rows(diff, live.buckets),
+        config,
+        store.layout.bucket_prefix(live.snapshot),
+        channel=store.layout.changes_channel,
+    )
+    write_seconds = time.monotonic() - write_started
+    progress(f"{stats['listeners']:,} changed, {stats['removed']:,} removed and notified")
+    state = _save_state(spark, new, config, live.snapshot)
+    store.update_live(Live(live.snapshot, live.buckets, state, live.keys))
+    assert config.state_dir is not None
+    sweep_states(spark, config.state_dir, keep=state)
+    return Summary(
+        "incremental",
+        live.snapshot,
+        live.buckets,
+        read,
+        stats["listeners"],
+        stats["removed"],
+        time.monotonic() - started,
+        write_seconds,
+    )
+
+
+def _write(
+    spark: SparkSession,
+    rows: DataFrame,
+    config: JobConfig,
+    prefix: str,
+    channel: str | None = None,
+) -> dict[str, int]:
+    """Run the writers in the executors; the totals of their stats rows."""
+    from pyspark import cloudpickle
+    from pyspark.sql import functions as F
+
+    from .. import redis_client as redis_client_module
+    from . import writer as writer_module
+    from .writer import STATS, write_partition
+
+    # Shipped by value: the executors need redis-py and pyarrow, not the gateway.
+    for module in (writer_module, redis_client_module):
+        cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH))
+    writer = partial(
+        write_partition,
+        redis=config.redis,
+        client_defaults=CLIENT_DEFAULTS,
+        prefix=prefix,
+        channel=channel,
+        notify_chunk=config.notify_chunk,
+    )
+    schema = ", ".join(f"{name} long" for name in STATS)
+    totals = (
+        rows.mapInArrow(writer, schema)
+        .agg(*(F.sum(name).alias(name) for name in STATS))
+        .collect()[0]
+    )
+    return {name: int(totals[name] or 0) for name in STATS}
+
+
+def _save_state(spark: SparkSession, frame: DataFrame, config: JobConfig, snapshot: str) -> str:
+    """Each listener's digest, for the next incremental run: a new Parquet folder."""
+    from pyspark.sql import functions as F
+
+    from .store import new_snapshot_id
+
+    assert config.state_dir is not None
+    path = f"{config.state_dir.rstrip('/')}/{snapshot}-{new_snapshot_id()[-4:]}"
+    if "digest" not in frame.columns:
+        frame = frame.select("field", F.xxhash64("value").alias("digest"))
+    frame.select("field", "digest").write.mode("errorifexists").parquet(path)
+    return path
+
+
+def _warn_listpack(
+    client: SyncClient, config: JobConfig, longest: int, progress: Callable[[str], None]
+) -> None:
+    """Say when Redis would store buckets as hash tables (about 2x the memory of listpacks)."""
+    limits: dict[str, int] = {}
+    for name in ("entries", "value"):
+        for spelling in (f"hash-max-listpack-{name}", f"hash-max-ziplist-{name}"):
+            try:
+                reply = client.config_get(spelling)
+            except Exception:  # noqa: BLE001 - CONFIG may be disabled (managed Redis): no advice
+                return
+            if spelling in reply:
+                limits[name] = int(str(reply[spelling]))
+                break
+    if "value" in limits and longest > limits["value"]:
+        progress(
+            f"warning: criteria up to {longest} bytes exceed the Redis setting"
+            f" hash-max-listpack-value {limits['value']}: buckets holding them take more"
+            " memory; raise it (see docs/criteria-job.md)"
+        )
+    if "entries" in limits and config.listeners_per_bucket * 1.5 > limits["entries"]:
+        progress(
+            f"warning: about {config.listeners_per_bucket} listeners per bucket (up to"
+            f" ~{int(config.listeners_per_bucket * 1.5)}) exceed hash-max-listpack-entries"
+            f" {limits['entries']}: raise it or lower snapshot.listeners_per_bucket"
+        )

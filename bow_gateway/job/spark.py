@@ -1,0 +1,142 @@
+"""The criteria job's Spark side: its session (tuned for one machine when local), Spark's errors
+in one line, and the Hadoop filesystem where the incremental runs keep their state."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import TYPE_CHECKING, Any, Final
+
+from .config import JobConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+APP_NAME: Final = "bow-gateway criteria-job"
+JAVA_OPTIONS: Final = "spark.driver.extraJavaOptions"
+
+
+def build_session(config: JobConfig, master: str | None = None) -> SparkSession:
+    """A Spark session for the job: ``master`` > the file's > ``local[*]`` (unless spark-submit)."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(APP_NAME)
+    master = master or config.master
+    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit
+        master = "local[*]"
+    if master is not None:
+        builder = builder.master(master)
+    conf = {
+        "spark.ui.showConsoleProgress": str(sys.stderr.isatty()).lower(),
+        # The query's result is cached once, read twice (checks, then writes): building the
+        # cache uncompressed is faster, and it is gone at the end of the run.
+        "spark.sql.inMemoryColumnarStorage.compressed": "false",
+    }
+    if config.jars:
+        conf["spark.jars"] = ",".join(config.jars)
+    cores = local_cores(master)
+    if cores is not None:
+        if not os.environ.get("PYSPARK_PYTHON"):
+            os.environ["PYSPARK_PYTHON"] = sys.executable  # local workers: this venv's Python
+        conf.update(local_defaults(cores, config))  # the file's Java options are merged in
+    conf.update({k: v for k, v in config.spark_conf.items() if k not in conf or k != JAVA_OPTIONS})
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    quiet_spark(spark)
+    return spark
+
+
+def local_defaults(cores: int, config: JobConfig) -> dict[str, str]:
+    """Settings for Spark on one machine (the job file's own ``spark.conf`` comes on top)."""
+    java = config.spark_conf.get(JAVA_OPTIONS, "")
+    options = [java] if java else []
+    if not re.search(r"-XX:\+Use\w+GC", java):
+        # G1's concurrent threads compete with the tasks on a small machine: a cold run of a
+        # million listeners takes ~15% longer with it (2 cores).
+        options.append("-XX:+UseParallelGC")
+    if config.class_archive is not None:
+        options.append(class_archive(config.class_archive))
+    return {
+        # Spark's 200 shuffle partitions cost seconds of task overhead on one machine.
+        "spark.sql.shuffle.partitions": str(2 * cores),
+        JAVA_OPTIONS: " ".join(options),
+    }
+
+
+def class_archive(path: str) -> str:
+    """The JVM option that loads Spark's classes from an AppCDS archive, or makes it (at exit).
+
+    A stale archive (another JDK or classpath) is ignored by the JVM, with a warning.
+    """
+    quiet = "-Xlog:cds*=off"  # making one lists every class it cannot archive, on stdout
+    if os.path.isfile(path):
+        return f"-XX:SharedArchiveFile={path} {quiet}"
+    return f"-XX:ArchiveClassesAtExit={path} {quiet}"
+
+
+def local_cores(master: str | None) -> int | None:
+    """The cores of a ``local``, ``local[N]`` or ``local[*]`` master; ``None`` for a cluster."""
+    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\s*\d+)?\])?", master or "")
+    if match is None:
+        return None
+    if match.group(1) in (None, ""):
+        return 1
+    return os.cpu_count() or 1 if match.group(1) == "*" else int(match.group(1))
+
+
+def quiet_spark(spark: SparkSession) -> None:
+    """Warnings only, and no ERROR dump of a bad query: the job reports it in one line."""
+    spark.sparkContext.setLogLevel("WARN")
+    try:
+        jvm: Any = spark.sparkContext._jvm
+        level = jvm.org.apache.logging.log4j.Level.OFF
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+            "SQLQueryContextLogger", level
+        )
+    except Exception:  # noqa: BLE001 - cosmetic: another log4j setup keeps its output
+        pass
+
+
+def short(error: BaseException) -> str:
+    """The useful line of a Spark or Py4J error (its first line, or a Python error's last)."""
+    java = getattr(error, "java_exception", None)  # a Py4JJavaError: the Java exception's line
+    text = str(java if java is not None else error).strip()
+    python_errors = re.findall(r"^\s*(?:[\w.]+\.)?\w+(?:Error|Exception): .+$", text, re.M)
+    if "Traceback (most recent call last)" in text and python_errors:
+        return str(python_errors[-1]).strip()
+    first = text.split("\n", 1)[0]
+    first = re.sub(r"\s*SQLSTATE: \w+.*$", "", first)
+    return str(first[:600])
+
+
+def hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    """The Hadoop filesystem of ``path`` (local, HDFS, S3...) and the path as Hadoop's."""
+    jvm: Any = spark.sparkContext._jvm
+    found = jvm.org.apache.hadoop.fs.Path(path)
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    return found.getFileSystem(conf), found
+
+
+def exists(spark: SparkSession, path: str) -> bool:
+    """Whether ``path`` exists, wherever it is."""
+    filesystem, found = hadoop_path(spark, path)
+    return bool(filesystem.exists(found))
+
+
+STATE_NAME: Final = re.compile(r"\d{8}T\d{6}Z[0-9a-f]{4}-[0-9a-f]{4}")
+"""The folders the job's ``_save_state`` makes (anything else in ``state_dir`` is left alone)."""
+
+
+def sweep_states(spark: SparkSession, state_dir: str, keep: str) -> None:
+    """Delete the state folders of earlier runs, also those a crashed run left, but ``keep``."""
+    filesystem, folder = hadoop_path(spark, state_dir)
+    if not filesystem.exists(folder):
+        return
+    keep_name = keep.rstrip("/").rsplit("/", 1)[-1]
+    for status in filesystem.listStatus(folder):
+        path = status.getPath()
+        name = str(path.getName())
+        if name != keep_name and STATE_NAME.fullmatch(name):
+            filesystem.delete(path, True)

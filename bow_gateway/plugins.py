@@ -1,0 +1,129 @@
+"""The plugin contract: the functions the gateway calls, named, their records, and how a
+``"module:attribute"`` reference becomes one.
+
+Each function takes one argument and returns its result or an awaitable of it (a plain or a
+coroutine function); raising is a refusal. A middleware may also *watch* its criteria
+(:class:`WatchesCriteria`), and any plugin may hold resources that ``Bow.stop()`` closes
+(:class:`AsyncClosable`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+
+from .criteria import ListenerId
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+
+class CreateMessageFromRequestBody(Protocol):
+    """An inbound: a request's JSON body to a message (``name``, ``audience``, ``payload``);
+    raising refuses the body (``422``)."""
+
+    def __call__(self, body: Any, /) -> Any | Awaitable[Any]: ...
+
+
+class CreateListenerDetailsFromToken(Protocol):
+    """An outbound: the token a socket authenticates with to listener details (``{"id": ...}``);
+    raising refuses the socket (``alert``, then a disconnect)."""
+
+    def __call__(self, token: Any, /) -> Any | Awaitable[Any]: ...
+
+
+class CreateCriteriaFromListenerDetails(Protocol):
+    """A middleware: listener details to criteria; a ``LookupError`` says the listener is unknown,
+    anything else raised refuses it."""
+
+    def __call__(self, details: Mapping[str, Any], /) -> Any | Awaitable[Any]: ...
+
+
+class HealthCheck(Protocol):
+    """``bow.health_check``: a ``GET /health`` request to its ``200`` answer (a response, or any
+    JSON-serialisable value); raising answers ``503``."""
+
+    def __call__(self, request: web.Request, /) -> Any | Awaitable[Any]: ...
+
+
+PluginFunction: TypeAlias = (
+    CreateMessageFromRequestBody
+    | CreateListenerDetailsFromToken
+    | CreateCriteriaFromListenerDetails
+    | HealthCheck
+)
+
+
+@runtime_checkable
+class WatchesCriteria(Protocol):
+    """A middleware whose criteria change behind the gateway's back (a database, a snapshot).
+
+    Each time ``watch()`` yields a list of listener ids (``None``: all of them), every instance
+    recomputes the criteria of the listeners it holds and re-indexes them.
+    """
+
+    def watch(self) -> AsyncIterator[list[ListenerId] | None]: ...
+
+
+@runtime_checkable
+class AsyncClosable(Protocol):
+    """A plugin holding resources (connections, pools): ``Bow.stop()`` awaits ``aclose()``."""
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class MiddlewarePlugin:
+    """A middleware version and its function; ``reference`` and ``table`` say where a
+    configuration file named it (``"module:attribute"``, ``"[[middlewares]] #1"``)."""
+
+    version: str
+    create_criteria_from_listener_details: CreateCriteriaFromListenerDetails
+    reference: str | None = None
+    table: str | None = None
+
+
+@dataclass(frozen=True)
+class InboundPlugin:
+    """An inbound: its path, how a body becomes a message, the middleware version resolving it."""
+
+    path: str
+    create_message_from_request_body: CreateMessageFromRequestBody
+    middleware_version: str
+    reference: str | None = None
+    table: str | None = None
+
+
+@dataclass(frozen=True)
+class OutboundPlugin:
+    """An outbound: its version, how a token becomes listener details, its middleware version."""
+
+    version: str
+    create_listener_details_from_token: CreateListenerDetailsFromToken
+    middleware_version: str
+    reference: str | None = None
+    table: str | None = None
+
+
+def resolve(reference: str) -> Any:
+    """The object a ``"module:attribute"`` reference names (the attribute may be dotted).
+
+    Every failure is a ``ValueError`` quoting the reference; an import's own error is its cause.
+    """
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"{reference!r} must look like 'module:attribute'")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as error:  # any failure of the import is the reference's
+        raise ValueError(f"cannot import {reference!r}: {type(error).__name__}: {error}") from error
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ValueError(
+                f"cannot import {reference!r}: {module_name} has no attribute {attribute!r}"
+            ) from None
+    return target

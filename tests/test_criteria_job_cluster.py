@@ -1,0 +1,110 @@
+"""The Spark criteria job over a Redis Cluster of three nodes (the job file's ``redis.connection``):
+a full run spreads its buckets over every node, an incremental run writes and notifies only what
+changed, and the precomputed-criteria middleware reads the result through the same settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bow_gateway.middlewares.precomputed import PrecomputedCriteria
+from pyspark.sql import SparkSession
+
+from bench.criteria_data import QUERY, churn, expected_criteria, generate, write_parquet
+from bow_gateway.criteria_snapshot import Layout, Live, id_field, parse_change
+from bow_gateway.job.config import parse_job_config
+from bow_gateway.job.run import run_job
+from bow_gateway.job.spark import build_session
+from bow_gateway.redis_client import RedisSettings, SyncClient, sync_redis_client
+
+from .redis_server import RedisServer, redis_cluster
+
+LISTENERS = 600
+NAMES = ("users", "roles", "memberships")
+pytestmark = pytest.mark.timeout(300)  # a Spark session of its own
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[list[RedisServer]]:
+    with redis_cluster(3) as servers:
+        yield servers
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    conf = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"}
+    session = build_session(parse_job_config(document("redis://unused", [], spark={"conf": conf})))
+    yield session
+    session.stop()
+
+
+def document(redis: RedisSettings, inputs: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
+    connection = {"url": redis} if isinstance(redis, str) else {"connection": redis}
+    return {"redis": connection, "inputs": inputs, "criteria": {"query": QUERY}, **more}
+
+
+def parquet(folder: Path) -> list[dict[str, Any]]:
+    return [{"name": n, "format": "parquet", "path": str(folder / f"{n}.parquet")} for n in NAMES]
+
+
+def contents(client: SyncClient, layout: Layout) -> dict[str, Any]:
+    """Every listener of the live snapshot: field -> criteria."""
+    live = Live.from_json(client.get(layout.live_key))  # type: ignore[arg-type]
+    assert live is not None
+    found: dict[str, Any] = {}
+    for bucket in range(live.buckets):
+        for field, value in client.hgetall(layout.bucket_key(live.snapshot, bucket)).items():  # type: ignore[union-attr]
+            found[field.decode()] = live.criteria(value)
+    return found
+
+
+def expected(dataset: Any) -> dict[str, Any]:
+    return {id_field(i): criteria for i, criteria in expected_criteria(dataset).items()}
+
+
+async def test_full_and_incremental_runs_over_a_redis_cluster(
+    spark: SparkSession, cluster: list[RedisServer], tmp_path: Path
+) -> None:
+    settings: RedisSettings = [{"host": "127.0.0.1", "port": s.port} for s in cluster]
+    layout = Layout("bow")
+    dataset = generate(LISTENERS, seed=11)
+    write_parquet(dataset, tmp_path / "first")
+    state = {"snapshot": {"state_dir": str(tmp_path / "state"), "lock_seconds": 10, "buckets": 30}}
+    client = sync_redis_client(settings)
+    try:
+        full = run_job(
+            parse_job_config(document(settings, parquet(tmp_path / "first"), **state)), spark
+        )
+        assert (full.mode, full.written) == ("full", LISTENERS)
+        assert contents(client, layout) == expected(dataset)
+        assert all(int(s.command("DBSIZE").lstrip(":")) > 0 for s in cluster)  # buckets everywhere
+
+        changed, _ = churn(dataset, 0.05, seed=3)
+        write_parquet(changed, tmp_path / "changed")
+        notifications = client.pubsub()  # type: ignore[union-attr]
+        notifications.subscribe(layout.changes_channel)
+        again = parse_job_config(document(settings, parquet(tmp_path / "changed"), **state))
+        incremental = run_job(again, spark, incremental=True)
+        before, now = expected(dataset), expected(changed)
+        written = {field for field, criteria in now.items() if before.get(field) != criteria}
+        removed = set(before) - set(now)
+        assert incremental.mode == "incremental"
+        assert (incremental.written, incremental.removed) == (len(written), len(removed))
+        assert contents(client, layout) == now
+        heard: set[Any] = set()
+        while (message := notifications.get_message(timeout=1)) is not None:
+            if message["type"] == "message":
+                heard.update(parse_change(message["data"]) or [])
+        notifications.close()
+        assert {id_field(listener) for listener in heard} == written | removed
+    finally:
+        client.close()
+
+    middleware = PrecomputedCriteria(redis=settings, namespace=layout.namespace)
+    try:
+        for field, criteria in list(now.items())[:50]:
+            assert await middleware({"id": int(field)}) == criteria
+    finally:
+        await middleware.aclose()
