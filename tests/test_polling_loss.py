@@ -15,8 +15,8 @@ from typing import Any
 import aiohttp
 
 from .redis_server import RedisServer
-from .support import AUTH, PATH, Listener, base_config, standard_bow, token
-from .test_redis_faults import END, Publisher, until_ends, wait_for
+from .support import AUTH, PATH, Listener, base_config, standard_bow, token, until
+from .test_redis_faults import END, Publisher, until_ends
 
 FANS = [{"role": "fan"}]
 BURST = 60
@@ -128,7 +128,7 @@ async def test_accepted_messages_reach_polling_listeners_of_two_instances_throug
                 for k, publisher in enumerate(publishers)
             ]
             try:
-                await wait_for(lambda: posted() >= TOTAL * 0.4, 30, f"{TOTAL * 0.4:.0f} POSTs")
+                await until(lambda: posted() >= TOTAL * 0.4, f"{TOTAL * 0.4:.0f} POSTs", timeout=30)
                 redis_server.pause()
                 frozen = time.monotonic()
                 try:
