@@ -4,7 +4,7 @@ At 10,000 sockets a gateway holds about a million objects that the cyclic collec
 a full collection walks every one of them: the event loop stalls for a second. Connections live
 for minutes or hours, so once they are open their objects are moved to the permanent generation,
 which collections skip. A closed connection's objects are still freed, by reference counting
-(the outbound leaves no reference cycle behind: ``tests/test_websocket.py`` checks it).
+(the outbound leaves no reference cycle behind: ``tests/test_seams_transport.py`` checks it).
 
 Freezing is process-wide, so it is off unless the gateway owns its process (the ``gc_freeze``
 setting; ``bow-gateway serve`` turns it on).

@@ -9,7 +9,6 @@ task, a queue or an encoding per recipient (long-polling sockets go through engi
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final
@@ -17,7 +16,6 @@ from urllib.parse import parse_qs
 
 import socketio
 from engineio import packet as eio_packet
-from socketio import packet as sio_packet
 
 from .criteria import ID_KEY, Criteria, ListenerId, validate_criteria, validate_listener_details
 from .index import CriteriaIndex
@@ -25,12 +23,11 @@ from .message import DISCONNECT, CriteriaEvent, Event, MessageEvent, dumps
 from .metrics import Metrics
 from .plugins import CreateCriteriaFromListenerDetails, OutboundPlugin, WatchesCriteria
 from .ratelimit import rate_limited
+from .seams import LeanSocket, socketio_server, websocket_frame
 from .userfn import call_user_function, describe
-from .websocket import LeanSocket, WebSocketDriver, make_lean, websocket_frame
 
 # A line or two per connection: rate-limited, since clients choose how many connections to open
 logger = rate_limited("bow_gateway.outbound", rate=50.0, burst=500.0)
-transport_logger = rate_limited("bow_gateway.transport")
 
 YIELD_EVERY: Final = 1_000  # sockets written between two yields to the event loop
 
@@ -67,80 +64,6 @@ class Connection:
         self.transport: asyncio.Transport | None = None
 
 
-class _Manager(socketio.AsyncManager):  # type: ignore[misc]
-    """python-socketio's manager, with a disconnect that costs the same at any number of sockets.
-
-    Its own looks for the socket in every room of the namespace, and each socket has a room of
-    its own: closing 10,000 sockets at once stalled the loop for seconds. Here a socket is only
-    ever in the namespace's room (``None``) and its own, so those are the rooms it leaves.
-    """
-
-    def basic_disconnect(self, sid: str, namespace: str, **kwargs: Any) -> None:
-        for room in (None, sid):
-            self.basic_leave_room(sid, namespace, room)
-        self.callbacks.pop(sid, None)
-        for pending in (self.pending_connect, self.pending_disconnect):
-            sids = pending.get(namespace)
-            if sids is not None and sid in sids:
-                sids.remove(sid)
-                if not sids:
-                    del pending[namespace]
-
-
-class _Server(socketio.AsyncServer):  # type: ignore[misc]
-    """python-socketio's server, with two seams it does not offer publicly.
-
-    - ``authenticate`` handlers learn whether the client asked for an acknowledgement, which the
-      contract requires and python-socketio hides;
-    - every Engine.IO connection, with a Socket.IO connection or not, is known to the outbound
-      from its start, so that one never authenticated is closed in time;
-    - a malformed packet, or a binary one (the gateway needs none), costs its own socket an
-      ``alert`` and a disconnect, and nothing else.
-    """
-
-    def __init__(self, outbound: SocketOutbound, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._outbound = outbound
-
-    async def _handle_event(self, eio_sid: str, namespace: str | None, id: Any, data: Any) -> None:
-        if not (isinstance(data, list) and data and isinstance(data[0], str)):
-            raise ValueError("an event must be a list that starts with the event name")
-        if data[0] == "authenticate":
-            sid = self.manager.sid_from_eio_sid(eio_sid, namespace or "/")
-            if sid is not None and self.manager.is_connected(sid, namespace or "/"):
-                self._outbound.spawn(self._outbound.authenticate(sid, eio_sid, data[1:], id))
-            return
-        # Any other event from a client is ignored: clients only listen.
-
-    async def _handle_eio_connect(self, eio_sid: str, environ: Any) -> None:
-        make_lean(self.eio, eio_sid)
-        self._outbound.opened(eio_sid)
-        await super()._handle_eio_connect(eio_sid, environ)
-
-    async def _handle_eio_disconnect(self, eio_sid: str, reason: Any) -> None:
-        self._outbound.closed(eio_sid)
-        await super()._handle_eio_disconnect(eio_sid, reason)
-
-    async def _handle_eio_message(self, eio_sid: str, data: Any) -> None:
-        try:
-            if data[:1] in _BINARY_TYPES:
-                raise ValueError("a binary event or ack (this gateway takes no attachments)")
-            await super()._handle_eio_message(eio_sid, data)
-        except Exception as error:  # noqa: BLE001 - whatever a hostile client sent
-            transport_logger.info("malformed packet from %s: %s", eio_sid, error)
-            await self._outbound.refuse_eio(eio_sid, f"malformed packet: {error}")
-
-    async def send_ack(self, eio_sid: str, id: int) -> None:
-        await self._send_packet(
-            eio_sid, self.packet_class(sio_packet.ACK, namespace="/", id=id, data=[])
-        )
-
-
-_BINARY_TYPES: Final = frozenset(
-    {str(sio_packet.BINARY_EVENT), str(sio_packet.BINARY_ACK)}
-)  # Socket.IO packets that announce attachments
-
-
 class SocketOutbound:
     """Every Socket.IO connection of one instance, and the delivery of events to them."""
 
@@ -172,25 +95,12 @@ class SocketOutbound:
         self._refreshes: dict[str, int] = {}  # per middleware version: refreshes begun
         # Engine.IO connections not authenticated yet, and when they must be
         self._deadlines: dict[str, asyncio.TimerHandle] = {}
-        self.sio = _Server(
+        self.sio = socketio_server(
             self,
-            async_mode="aiohttp",
-            namespaces="*",
-            # engineio refuses a request whose Origin header it does not allow (a websocket
-            # handshake too); a request without one (not a browser) always passes. None allows
-            # the same origin only; never [], which turns the check off.
-            cors_allowed_origins=cors_origins or None,
-            # With "*", engineio echoes any Origin back: then no cookies (the gateway reads none).
-            cors_credentials="*" not in (cors_origins or []),
-            transports=transports or ["polling", "websocket"],
-            # Their own loggers, at WARNING: at INFO they log every packet with its data
-            # (tokens); and never a handler of their own, which writes around the log's format.
-            logger=_library_logger("bow_gateway.socketio"),
-            engineio_logger=_library_logger("bow_gateway.engineio"),
-            max_http_buffer_size=max_incoming_bytes,
-            client_manager=_Manager(),
+            transports=transports,
+            cors_origins=cors_origins,
+            max_incoming_bytes=max_incoming_bytes,
         )
-        self.sio.eio._async = {**self.sio.eio._async, "websocket": WebSocketDriver}
         self.sio.on("connect", self._connect)
         self.sio.on("connect", self._refuse_namespace, namespace="*")
         self.sio.on("disconnect", self._disconnect)
@@ -516,13 +426,6 @@ class SocketOutbound:
 
 class _Refusal(Exception):
     """Authentication failed; the text is what the client reads in its ``alert``."""
-
-
-def _library_logger(name: str) -> logging.Logger:
-    """A logger for python-socketio or python-engineio: WARNING and up, rate-limited."""
-    library_logger = rate_limited(name)
-    library_logger.setLevel(logging.WARNING)
-    return library_logger
 
 
 def _forget_headers(environ: Mapping[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""The lean Engine.IO transport (bow_gateway/websocket.py) and the lifetime of a connection.
+"""The lean, guarded Engine.IO transports (bow_gateway/seams/transport.py), and the lifetime of
+a connection.
 
 A closed connection must be freed by reference counting alone: objects that ``gc.freeze()`` moved
 to the permanent generation are still freed when their count drops to zero, but reference cycles

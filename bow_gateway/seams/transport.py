@@ -14,10 +14,10 @@ Whatever the transport, a client may send only what Engine.IO clients send (``PO
 ``MESSAGE``, ``CLOSE``), each packet at most ``max_http_buffer_size`` bytes, at a bounded rate:
 anything else closes its connection at once, with one rate-limited log line and no traceback.
 
-The seams it relies on are python-engineio 4.x's (pinned in setup.cfg): the server's
-``_async["websocket"]`` driver, :class:`engineio.async_socket.AsyncSocket`'s methods, and
-python-socketio's ``_handle_eio_connect``, where :func:`make_lean` turns each new socket into a
-:class:`LeanSocket` before its first ping or websocket handshake.
+The seams it relies on are python-engineio 4.15's (the package's ``__init__`` checks the version):
+the server's ``_async["websocket"]`` driver, :class:`engineio.async_socket.AsyncSocket`'s methods,
+and python-socketio's ``_handle_eio_connect``, where :func:`make_lean` turns each new socket into
+a :class:`LeanSocket` before its first ping or websocket handshake.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from engineio.async_drivers import aiohttp as eio_aiohttp
 from engineio.async_socket import AsyncSocket
 from engineio.payload import Payload
 
-from .ratelimit import TokenBucket, rate_limited
+from ..ratelimit import TokenBucket, rate_limited
 
 logger = rate_limited("bow_gateway.transport")
 

@@ -1,0 +1,54 @@
+"""python-socketio and python-engineio, reached into where they offer no public seam.
+
+Everything the gateway does with their private methods and attributes lives in this package:
+
+- :mod:`.transport`: engineio's ``AsyncSocket`` subclassed (:class:`LeanSocket`: the websocket
+  transport without a task per packet, a guarded ``receive``, bounded polls) and its aiohttp
+  websocket driver replaced (the server's ``_async["websocket"]``);
+- :mod:`.server`: python-socketio's ``AsyncServer`` (``_handle_event``, ``_handle_eio_connect``,
+  ``_handle_eio_disconnect``, ``_handle_eio_message``, ``_send_packet``) and ``AsyncManager``
+  (``basic_disconnect``, ``pending_connect``) subclassed.
+
+They are written for the minor versions in :data:`WRITTEN_FOR`, which setup.cfg pins too; the
+README's test command runs the suite at both ends of the pins. Importing this package checks the
+installed versions, so that another version fails at once with a message, not later with an
+``AttributeError`` on a disconnect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib.metadata import version as installed_version
+from typing import Final
+
+WRITTEN_FOR: Final = {"python-socketio": "5.18", "python-engineio": "4.15"}
+"""The minor version of each library these seams are written and tested for."""
+
+
+def check_versions(version: Callable[[str], str] = installed_version) -> None:
+    """Raise ``ImportError`` naming the library, its version and the one to install when an
+    installed library is not of the minor version the seams are written for."""
+    for library, minor in WRITTEN_FOR.items():
+        found = version(library)
+        if found != minor and not found.startswith(minor + "."):
+            raise ImportError(
+                f"bow_gateway reaches into private parts of {library}, written for {minor}.x, "
+                f"but {found} is installed: pip install '{library}=={minor}.*'"
+            )
+
+
+check_versions()
+
+from .server import Server, ServerHooks, socketio_server  # noqa: E402
+from .transport import LeanSocket, ProtocolViolation, websocket_frame  # noqa: E402
+
+__all__ = [
+    "WRITTEN_FOR",
+    "LeanSocket",
+    "ProtocolViolation",
+    "Server",
+    "ServerHooks",
+    "check_versions",
+    "socketio_server",
+    "websocket_frame",
+]
