@@ -1,0 +1,284 @@
+"""``bow-gateway``: serve a gateway, and try one out (mint a token, listen, push).
+
+``main`` and the parser are here; the commands are in ``serve`` and ``clients`` (token, push,
+listen), what they share in ``common``; ``criteria-job`` is ``bow_gateway.job.command``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from .. import __version__
+from ..job.command import add_arguments as add_criteria_job_arguments
+from ..job.command import run_command as run_criteria_job
+from ..standalone import (
+    CONFIG_ENV,
+    DEFAULT_INBOUND_PATH,
+    DEFAULT_PORT,
+    DEFAULT_USERNAME,
+    DEFAULT_VERSION,
+    DEV_INBOUND_PASSWORD,
+    DEV_JWT_SECRET,
+    JWT_SECRET_ENV,
+    environment_variables,
+)
+from . import clients
+from .common import (
+    DEFAULT_URL,
+    EXAMPLE_AUDIENCE,
+    EXAMPLE_CRITERIA,
+    EXAMPLE_ID,
+    EXAMPLE_PAYLOAD,
+    PASSWORD_ENV,
+    UsageError,
+)
+from .serve import serve as run_serve
+from .serve import tour
+
+__all__ = [
+    "DEFAULT_URL",
+    "EXAMPLE_AUDIENCE",
+    "EXAMPLE_CRITERIA",
+    "EXAMPLE_ID",
+    "EXAMPLE_PAYLOAD",
+    "OPTIONAL_PARTS",
+    "PASSWORD_ENV",
+    "UsageError",
+    "main",
+    "tour",
+]
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32)
+
+
+OPTIONAL_PARTS: Final = {
+    "pyspark": "spark",
+    "py4j": "spark",
+    "pyarrow": "spark",
+    "pandas": "spark",
+    "asyncpg": "postgres",
+}
+"""Packages of the extras, and the extra that installs each."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``bow-gateway`` command line; returns the exit status."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, or argparse's own usage error
+        return exit_.code if isinstance(exit_.code, int) else 0
+    command: Callable[[argparse.Namespace], int] | None = getattr(args, "run", None)
+    if command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return command(args)
+    except UsageError as error:
+        print(f"bow-gateway {args.command}: {error}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as error:
+        package = (error.name or "").partition(".")[0]
+        extra = OPTIONAL_PARTS.get(package)
+        if extra is None:
+            raise
+        print(
+            f"bow-gateway {args.command}: {package} is not installed: "
+            f"pip install 'bow-gateway[{extra}]'",
+            file=sys.stderr,
+        )
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bow-gateway",
+        formatter_class=_Formatter,
+        description="A real-time push gateway: backends POST messages with an audience,\n"
+        "Socket.IO listeners authenticate with a token, and each message reaches exactly\n"
+        "the listeners whose criteria match its audience.",
+        epilog="A five-minute tour: run `bow-gateway serve` and follow what it prints.\n"
+        "`bow-gateway COMMAND --help` describes each command.",
+    )
+    parser.add_argument("--version", action="version", version=f"bow-gateway {__version__}")
+    commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the gateway (from a TOML file, or the embedded default)",
+        formatter_class=_Formatter,
+        description="Run the gateway until SIGINT (Ctrl-C) or SIGTERM, then stop gracefully.\n\n"
+        "Without --config it starts on the embedded default: one instance, no Redis,\n"
+        f"127.0.0.1:{DEFAULT_PORT}; inbound POST {DEFAULT_INBOUND_PATH} with Basic Auth "
+        f"{DEFAULT_USERNAME} / ${PASSWORD_ENV}\n"
+        f"(else {DEV_INBOUND_PASSWORD!r}); outbound {DEFAULT_VERSION} taking HS256 JWTs signed "
+        f"with ${JWT_SECRET_ENV}\n"
+        f"(else the development secret {DEV_JWT_SECRET!r});\n"
+        "criteria from the token's 'criteria' claim.",
+        epilog="Environment: every setting can come from a variable, which overrides the file:\n"
+        + textwrap.fill(
+            " ".join(environment_variables()), 88, initial_indent="  ", subsequent_indent="  "
+        )
+        + "\n"
+        f"  {CONFIG_ENV} (the config file)   {JWT_SECRET_ENV} (the embedded default's secret)\n"
+        "An annotated config file: deploy/gateway.example.toml in the repository.\n"
+        "Exit status: 0 once stopped, 2 for a bad configuration, 1 if it cannot listen.",
+    )
+    serve.add_argument(
+        "--config",
+        metavar="FILE",
+        default=os.environ.get(CONFIG_ENV) or None,
+        help=f"a TOML config file (default: ${CONFIG_ENV}, else the embedded default)",
+    )
+    serve.add_argument("--host", metavar="H", help="listen on this address (overrides all)")
+    serve.add_argument(
+        "--port", metavar="P", type=_port, help="listen on this port, 0 = any (overrides all)"
+    )
+    serve.add_argument(
+        "--workers",
+        metavar="N",
+        type=_positive_int,
+        default=1,
+        help="run N processes sharing the port, one gateway through Redis (WebSocket only)",
+    )
+    serve.set_defaults(run=run_serve)
+
+    token = commands.add_parser(
+        "token",
+        help="print a signed JWT for a listener",
+        formatter_class=_Formatter,
+        description="Print an HS256 JWT whose 'sub' claim is the listener id and whose 'criteria'\n"
+        "claim holds the criteria: what the embedded default's outbound takes.",
+        epilog="Example:\n"
+        f"  TOKEN=$(bow-gateway token --id {EXAMPLE_ID} --criteria '{EXAMPLE_CRITERIA}')",
+    )
+    token.add_argument("--id", required=True, help="the listener id (the 'sub' claim)")
+    token.add_argument(
+        "--criteria",
+        metavar="JSON",
+        help=f"a JSON object, like '{EXAMPLE_CRITERIA}' (default: {{}})",
+    )
+    _secret_option(token)
+    token.add_argument(
+        "--ttl", type=float, default=3600, metavar="SECONDS", help="lifetime (default: 3600)"
+    )
+    token.set_defaults(run=clients.token)
+
+    listen = commands.add_parser(
+        "listen",
+        help="connect as a listener and print the events it receives",
+        formatter_class=_Formatter,
+        description="Connect with Socket.IO, authenticate, then print one JSON line per event\n"
+        '({"event": NAME, "data": PAYLOAD}) on stdout; alerts and disconnection go to stderr.\n'
+        "Runs until Ctrl-C or SIGTERM (exit 0); exit 1 if refused or disconnected.",
+        epilog="Examples:\n"
+        '  bow-gateway listen --token "$TOKEN"\n'
+        f"  bow-gateway listen --id {EXAMPLE_ID} --criteria '{EXAMPLE_CRITERIA}'",
+    )
+    _url_option(listen)
+    listen.add_argument(
+        "--version",
+        default=DEFAULT_VERSION,
+        help=f"the outbound version, the handshake's v (default: {DEFAULT_VERSION})",
+    )
+    listen.add_argument("--token", help="the token to authenticate with")
+    listen.add_argument("--id", help="instead of --token: mint a token for this listener id")
+    listen.add_argument("--criteria", metavar="JSON", help="with --id: the token's criteria")
+    _secret_option(listen, "with --id: ")
+    listen.set_defaults(run=clients.listen)
+
+    push = commands.add_parser(
+        "push",
+        help="POST a message to an inbound",
+        formatter_class=_Formatter,
+        description='POST {"name": NAME, "audience": AUDIENCE, ...PAYLOAD\'s keys} to an\n'
+        "inbound: with the pass-through inbound the body is the payload. Prints the status;\n"
+        "exit 0 when accepted (204), 1 otherwise.",
+        epilog="Example:\n"
+        f"  bow-gateway push --name greeting --audience '{EXAMPLE_AUDIENCE}'"
+        f" --payload '{EXAMPLE_PAYLOAD}'",
+    )
+    _url_option(push)
+    push.add_argument(
+        "--path",
+        default=DEFAULT_INBOUND_PATH,
+        help=f"the inbound's path (default: {DEFAULT_INBOUND_PATH})",
+    )
+    push.add_argument(
+        "--user", default=DEFAULT_USERNAME, help=f"Basic Auth user (default: {DEFAULT_USERNAME})"
+    )
+    push.add_argument(
+        "--password",
+        help=f"Basic Auth password (default: ${PASSWORD_ENV}, else {DEV_INBOUND_PASSWORD})",
+    )
+    push.add_argument("--name", required=True, help="the event name listeners receive")
+    push.add_argument(
+        "--audience",
+        required=True,
+        metavar="JSON",
+        help=f"a JSON list of queries, like '{EXAMPLE_AUDIENCE}'",
+    )
+    push.add_argument("--payload", metavar="JSON", help=f"a JSON object, like '{EXAMPLE_PAYLOAD}'")
+    push.add_argument(
+        "--envelope",
+        action="store_true",
+        help='send {"name", "audience", "payload"} instead (for an envelope inbound)',
+    )
+    push.set_defaults(run=clients.push)
+
+    criteria_job = commands.add_parser(
+        "criteria-job",
+        help="precompute every listener's criteria with Spark into Redis",
+        formatter_class=_Formatter,
+        description="Run the Spark SQL query of a job file over its inputs (JDBC, Parquet, CSV,\n"
+        "JSON) and write each listener's criteria to Redis as a new snapshot, which goes live\n"
+        "at once for every instance using the precomputed-criteria middleware.\n"
+        "Needs pyspark (pip install 'bow-gateway[spark]') and Java 17+.",
+        epilog="Example: bow-gateway criteria-job --config deploy/criteria-job.example.toml\n"
+        "Exit status: 0 done, 1 the run failed (the live snapshot is untouched), 2 bad config.",
+    )
+    add_criteria_job_arguments(criteria_job)
+    criteria_job.set_defaults(run=run_criteria_job)
+    return parser
+
+
+def _url_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url", default=DEFAULT_URL, help=f"the gateway's address (default: {DEFAULT_URL})"
+    )
+
+
+def _secret_option(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    parser.add_argument(
+        "--secret",
+        help=f"{prefix}the HS256 secret (default: ${JWT_SECRET_ENV}, else the development secret)",
+    )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}")
+    return port

@@ -1,0 +1,39 @@
+"""What the ``bow-gateway`` commands share: the defaults and examples they print, the usage error,
+and stopping on a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Final
+
+from ..standalone import DEFAULT_PORT
+
+DEFAULT_URL: Final = f"http://127.0.0.1:{DEFAULT_PORT}"
+PASSWORD_ENV: Final = "BOW_INBOUND_PASSWORD"
+EXAMPLE_ID: Final = "USER/1"
+EXAMPLE_CRITERIA: Final = '{"role": "admin"}'
+EXAMPLE_AUDIENCE: Final = '[{"role": "admin"}]'
+EXAMPLE_PAYLOAD: Final = '{"text": "hello"}'
+
+
+class UsageError(Exception):
+    """A bad argument: reported on stderr, exit status 2."""
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set by the first SIGINT or SIGTERM; a second one interrupts for good."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def handle() -> None:
+        stop.set()
+        for number in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(number)
+
+    for number in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(number, handle)
+        except (NotImplementedError, RuntimeError):  # not on this platform or thread
+            pass
+    return stop
