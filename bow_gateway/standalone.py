@@ -27,12 +27,10 @@ of a section, ``BOW_<KEY>`` for the ``[middleware]`` keys, and ``BOW_REDIS_URL``
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import sys
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -40,7 +38,8 @@ from typing import Any, Final
 from marshmallow import Schema, fields
 
 from .config import _ConfigSchema, _HttpsSchema, load_config
-from .plugins import HealthCheck, InboundPlugin, MiddlewarePlugin, OutboundPlugin, resolve
+from .plugin_tables import PLUGIN_KEYS, importable, naming, read_plugins
+from .plugins import HealthCheck, InboundPlugin, MiddlewarePlugin, OutboundPlugin
 from .server import Bow
 
 logger = logging.getLogger("bow_gateway.standalone")
@@ -61,13 +60,6 @@ DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_USERNAME: Final = "pusher"
 DEFAULT_INBOUND_PATH: Final = "/v1/messages"
 DEFAULT_VERSION: Final = "v1"
-
-_PLUGIN_KEYS: Final = ("middlewares", "inbounds", "outbounds", "health_check")
-_FUNCTION_KEYS: Final = {
-    "middlewares": "create_criteria_from_listener_details",
-    "inbounds": "create_message_from_request_body",
-    "outbounds": "create_listener_details_from_token",
-}
 
 
 @dataclass(frozen=True)
@@ -184,7 +176,7 @@ def load_settings(path: str | None, environ: Mapping[str, str] = os.environ) -> 
         uses_dev_secret = False
     where = path or "the embedded default"
 
-    config = {key: value for key, value in document.items() if key not in _PLUGIN_KEYS}
+    config = {key: value for key, value in document.items() if key not in PLUGIN_KEYS}
     config.setdefault("gc_freeze", True)  # the command line owns its process
     environment = _apply_environment(config, environ)
     try:
@@ -194,8 +186,8 @@ def load_settings(path: str | None, environ: Mapping[str, str] = os.environ) -> 
     _warn_of_documented_secrets(document, config, environment, environ, path)
 
     try:
-        with _importable(folder):
-            plugins = _plugins(document)
+        with importable(folder):
+            plugins = read_plugins(document)
     except ValueError as error:  # keeps the import's own traceback as the cause
         raise ValueError(f"{where}: {error}") from error.__cause__
     middlewares, inbounds, outbounds, health_check = plugins
@@ -217,7 +209,7 @@ def build_bow(settings: Settings) -> Bow:
     """A ``Bow`` configured and registered as the settings say (not started)."""
     bow = Bow(settings.config)
     for middleware in settings.middlewares:
-        with _naming(middleware.table):
+        with naming(middleware.table):
             bow.middleware(
                 version=middleware.version,
                 create_criteria_from_listener_details=(
@@ -225,14 +217,14 @@ def build_bow(settings: Settings) -> Bow:
                 ),
             )
     for inbound in settings.inbounds:
-        with _naming(inbound.table):
+        with naming(inbound.table):
             bow.inbound(
                 path=inbound.path,
                 create_message_from_request_body=inbound.create_message_from_request_body,
                 middleware_version=inbound.middleware_version,
             )
     for outbound in settings.outbounds:
-        with _naming(outbound.table):
+        with naming(outbound.table):
             bow.outbound(
                 version=outbound.version,
                 create_listener_details_from_token=outbound.create_listener_details_from_token,
@@ -313,123 +305,3 @@ def _blame(environment: Mapping[str, str], message: str) -> str:
         if f"{setting}:" in message
     ]
     return f" ({'; '.join(named)})" if named else ""
-
-
-def _plugins(
-    document: Mapping[str, Any],
-) -> tuple[
-    tuple[MiddlewarePlugin, ...],
-    tuple[InboundPlugin, ...],
-    tuple[OutboundPlugin, ...],
-    HealthCheck | None,
-]:
-    key = _FUNCTION_KEYS["middlewares"]
-    middlewares = tuple(
-        MiddlewarePlugin(
-            version=_string(table, "version", name),
-            create_criteria_from_listener_details=_resolve(table, name, key),
-            reference=table[key],
-            table=name,
-        )
-        for name, table in _tables(document, "middlewares", {"version"})
-    )
-    key = _FUNCTION_KEYS["inbounds"]
-    inbounds = tuple(
-        InboundPlugin(
-            path=_string(table, "path", name),
-            create_message_from_request_body=_resolve(table, name, key),
-            middleware_version=_string(table, "middleware_version", name),
-            reference=table[key],
-            table=name,
-        )
-        for name, table in _tables(document, "inbounds", {"path", "middleware_version"})
-    )
-    key = _FUNCTION_KEYS["outbounds"]
-    outbounds = tuple(
-        OutboundPlugin(
-            version=_string(table, "version", name),
-            create_listener_details_from_token=_resolve(table, name, key),
-            middleware_version=_string(table, "middleware_version", name),
-            reference=table[key],
-            table=name,
-        )
-        for name, table in _tables(document, "outbounds", {"version", "middleware_version"})
-    )
-    health_check = None
-    if document.get("health_check") is not None:
-        health_check = _resolve(document, "health_check", "health_check", options=False)
-    return middlewares, inbounds, outbounds, health_check
-
-
-def _tables(
-    document: Mapping[str, Any], key: str, strings: set[str]
-) -> Iterator[tuple[str, dict[str, Any]]]:
-    tables = document.get(key, [])
-    if not isinstance(tables, list) or not all(isinstance(t, Mapping) for t in tables):
-        raise ValueError(f"{key} must be a list of tables, written [[{key}]]")
-    allowed = {*strings, _FUNCTION_KEYS[key], "options"}
-    for number, table in enumerate(tables, start=1):
-        name = f"[[{key}]] #{number}"
-        unknown = sorted(set(table) - allowed)
-        if unknown:
-            raise ValueError(
-                f"{name}: unknown key {unknown[0]!r} (expected {', '.join(sorted(allowed))})"
-            )
-        missing = sorted(k for k in allowed - {"options"} if k not in table)
-        if missing:
-            raise ValueError(f"{name}: {missing[0]} is missing")
-        yield name, dict(table)
-
-
-def _string(table: Mapping[str, Any], key: str, name: str) -> str:
-    value = table.get(key)
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{name}: {key} must be a non-empty string, not {value!r}")
-    return value
-
-
-def _resolve(table: Mapping[str, Any], name: str, key: str, *, options: bool = True) -> Any:
-    """``"module:attr"`` to a function; with an ``options`` table, ``attr(**options)``."""
-    reference = _string(table, key, name)
-    try:
-        target = resolve(reference)
-    except ValueError as error:  # keeps the import's own traceback as the cause
-        raise ValueError(f"{name}: {error}") from error.__cause__
-    if options and "options" in table:
-        arguments = table["options"]
-        if not isinstance(arguments, Mapping):
-            raise ValueError(f"{name}: options must be a table, not {arguments!r}")
-        if not callable(target):
-            raise ValueError(f"{name}: {reference!r} takes no options: it is not callable")
-        try:
-            target = target(**arguments)
-        except Exception as error:  # the factory's own refusal, reported as such
-            raise ValueError(
-                f"{name}: {reference}(**options) failed: {type(error).__name__}: {error}"
-            ) from error
-    if not callable(target):
-        what = f"{reference}(**options)" if options and "options" in table else reference
-        raise ValueError(f"{name}: {what} is a {type(target).__name__}, not a function")
-    return target
-
-
-@contextlib.contextmanager
-def _importable(folder: str | None) -> Iterator[None]:
-    """Let plugin modules be found beside the config file while the plugins are imported."""
-    if folder is None or folder in sys.path:
-        yield
-        return
-    sys.path.append(folder)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(ValueError):
-            sys.path.remove(folder)
-
-
-@contextlib.contextmanager
-def _naming(table: str | None) -> Iterator[None]:
-    try:
-        yield
-    except ValueError as error:
-        raise ValueError(f"{table}: {error}" if table else str(error)) from None

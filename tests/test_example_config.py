@@ -19,7 +19,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "deploy" / "gateway.example.t
 # A commented-out key or table: "# key = value" or "# [table]" / "# [[tables]]".
 COMMENTED = re.compile(r"^# ?((?:\[\[?[A-Za-z_.]+\]\]?)|(?:[A-Za-z_]+ = .*))$")
 
-# The plugin tables of a standalone file (bow_gateway/standalone.py), beside the schema's keys.
+# The plugin tables of a standalone file (bow_gateway/plugin_tables.py), beside the schema's keys.
 PLUGIN_TABLES = {
     "middlewares": {"version", "create_criteria_from_listener_details", "options"},
     "inbounds": {"path", "create_message_from_request_body", "middleware_version", "options"},
