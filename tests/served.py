@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -30,6 +31,34 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("BOW_")}
     env.update(extra)
     return env
+
+
+def wait_for_health(url: str, process: subprocess.Popen[bytes], timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"serve exited with {process.returncode}"
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url}/health never answered")
+
+
+async def send_raw(port: int, data: bytes) -> None:
+    """Send ``data`` on a new connection and read until the gateway closes it or 1 s passes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        async with asyncio.timeout(1):
+            while await reader.read(65536):
+                pass
+    except (TimeoutError, ConnectionError):
+        pass
+    finally:
+        writer.close()
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -42,11 +43,22 @@ def base_config(**overrides: Any) -> dict[str, Any]:
     return config
 
 
-def standard_bow(config: dict[str, Any] | None = None, backplane: Backplane | None = None) -> Bow:
-    """The quick-start gateway: JWT outbound v1.3, claims middleware v1.1, pass-through inbound."""
+def standard_bow(
+    config: dict[str, Any] | None = None,
+    backplane: Backplane | None = None,
+    *,
+    criteria: Callable[[Any], Any] | None = None,
+) -> Bow:
+    """The quick-start gateway: JWT outbound v1.3, claims middleware v1.1 (or ``criteria``),
+    pass-through inbound."""
     return (
         Bow(config or base_config(), backplane=backplane)
-        .middleware(version="v1.1", create_criteria_from_listener_details=criteria_from_claim())
+        .middleware(
+            version="v1.1",
+            create_criteria_from_listener_details=(
+                criteria if criteria is not None else criteria_from_claim()
+            ),
+        )
         .inbound(
             path=PATH,
             create_message_from_request_body=create_message_from_request_body,
@@ -358,3 +370,31 @@ async def raw_websocket_listener(
 
 async def metric(gateway: Gateway, sample: str) -> float:
     return await read_metric(gateway.http, gateway.url, sample)
+
+
+def jwt_config_file(folder: Path, secret: str, *, middleware_version: str = "v1") -> str:
+    """A standalone config file in ``folder`` (port 0, an outbound timeout of 5 s): the claims
+    middleware v1 and a JWT outbound v1 checking ``secret``, naming ``middleware_version``; its
+    path."""
+    config = folder / "gateway.toml"
+    config.write_text(
+        f"""
+        port = 0
+        host = "127.0.0.1"
+        [inbound]
+        realm = "r"
+        username = "u"
+        password = "a-password-of-our-own"
+        [outbound]
+        timeout = 5
+        [[middlewares]]
+        version = "v1"
+        create_criteria_from_listener_details = "bow_gateway.middlewares.claims:criteria_from_claim"
+        [[outbounds]]
+        version = "v1"
+        create_listener_details_from_token = "bow_gateway.outbounds.jwt:JwtOutbound"
+        options = {{ secret = "{secret}" }}
+        middleware_version = "{middleware_version}"
+        """
+    )
+    return str(config)

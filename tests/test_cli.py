@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,41 +19,13 @@ import pytest
 from bow_gateway.cli import main
 from bow_gateway.standalone import DEV_JWT_SECRET
 
+from .served import PYTHON, clean_env, free_port, wait_for_health
 from .support import SECRET
 
-PYTHON = [sys.executable, "-m", "bow_gateway"]
 # Runs a printed command as printed: `bow-gateway` is this interpreter's module (exec, so that
 # signals reach it), whether or not the console script is installed.
 SHELL_PRELUDE = f'bow-gateway() {{ exec "{sys.executable}" -m bow_gateway "$@"; }}\n'
 Pipe = asyncio.subprocess.PIPE
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without any BOW_ variable, so that the embedded default is the default."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("BOW_")}
-    env.update(extra)
-    return env
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def wait_for_health(url: str, process: subprocess.Popen[bytes], timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"serve exited with {process.returncode}"
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{url}/health never answered")
 
 
 @dataclass

@@ -10,13 +10,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 import pytest
-from bow_gateway.inbounds.passthrough import create_message_from_request_body
 from bow_gateway.middlewares.database import DatabaseCriteria
-from bow_gateway.outbounds.jwt import JwtOutbound
 
 from bow_gateway import Bow
 
-from .support import PATH, SECRET, Gateway, base_config, token
+from .support import Gateway, standard_bow, token
 
 DSN = os.environ.get("BOW_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -104,20 +102,7 @@ async def connections_named(application: str) -> int:
 
 def database_bow(criteria: DatabaseCriteria) -> Bow:
     """The quick-start gateway, with criteria from the database instead of the token."""
-    return (
-        Bow(base_config())
-        .middleware(version="v1.1", create_criteria_from_listener_details=criteria)
-        .inbound(
-            path=PATH,
-            create_message_from_request_body=create_message_from_request_body,
-            middleware_version="v1.1",
-        )
-        .outbound(
-            version="v1.3",
-            create_listener_details_from_token=JwtOutbound(secret=SECRET),
-            middleware_version="v1.1",
-        )
-    )
+    return standard_bow(criteria=criteria)
 
 
 async def test_a_gateway_delivers_by_database_criteria_and_refuses_unknown_listeners(

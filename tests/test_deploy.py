@@ -32,8 +32,8 @@ import aiohttp
 import pytest
 
 from .redis_server import RedisServer
+from .served import clean_env, free_port, wait_for_health
 from .support import SECRET, Listener, token
-from .test_cli import clean_env, free_port, wait_for_health
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 NGINX_CONF = REPOSITORY / "deploy" / "nginx" / "bow-gateway.conf"

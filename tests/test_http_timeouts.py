@@ -19,6 +19,11 @@ Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 TIMEOUT = 0.5  # http_timeout and inbound.timeout of these gateways
 AUTHORIZATION = f"Authorization: {AUTH['Authorization']}\r\n"
+# An inbound POST announcing 1000 bytes of body and sending 10 of them.
+STALLED_BODY = (
+    f"POST {PATH} HTTP/1.1\r\nHost: gateway\r\n{AUTHORIZATION}"
+    'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"name": '
+).encode()
 
 
 @pytest.fixture
@@ -99,10 +104,7 @@ async def test_an_inbound_body_that_stops_arriving_gets_408(
     connect: Callable[[], Awaitable[Connection]],
 ) -> None:
     reader, writer = await connect()
-    writer.write(
-        f"POST {PATH} HTTP/1.1\r\nHost: gateway\r\n{AUTHORIZATION}"
-        'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"name": '.encode()
-    )
+    writer.write(STALLED_BODY)
     status = await asyncio.wait_for(reader.readline(), 3)
     assert status.startswith(b"HTTP/1.1 408 ")
 
@@ -111,10 +113,7 @@ async def test_the_connection_of_a_body_that_stops_arriving_is_closed(
     connect: Callable[[], Awaitable[Connection]],
 ) -> None:
     reader, writer = await connect()
-    writer.write(
-        f"POST {PATH} HTTP/1.1\r\nHost: gateway\r\n{AUTHORIZATION}"
-        'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"name": '.encode()
-    )
+    writer.write(STALLED_BODY)
     assert await closed_within(reader, 4)
 
 

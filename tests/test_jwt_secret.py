@@ -11,7 +11,7 @@ from bow_gateway.outbounds.jwt import JwtOutbound, mint
 from bow_gateway.cli import main
 from bow_gateway.standalone import DEV_JWT_SECRET, load_settings
 
-from .support import SECRET
+from .support import SECRET, jwt_config_file
 
 
 @pytest.mark.parametrize(
@@ -75,25 +75,5 @@ def test_the_cli_refuses_a_short_secret_from_the_environment(
 
 
 def test_serve_refuses_a_short_secret_in_a_config_file(tmp_path: Path) -> None:
-    config = tmp_path / "gateway.toml"
-    config.write_text(
-        """
-        port = 0
-        [inbound]
-        realm = "r"
-        username = "u"
-        password = "a-password-of-our-own"
-        [outbound]
-        timeout = 5
-        [[middlewares]]
-        version = "v1"
-        create_criteria_from_listener_details = "bow_gateway.middlewares.claims:criteria_from_claim"
-        [[outbounds]]
-        version = "v1"
-        create_listener_details_from_token = "bow_gateway.outbounds.jwt:JwtOutbound"
-        options = { secret = "change-me" }
-        middleware_version = "v1"
-        """
-    )
     with pytest.raises(ValueError, match=r"\[\[outbounds\]\] #1: .*is 9 bytes: RFC 7518"):
-        load_settings(str(config), environ={})
+        load_settings(jwt_config_file(tmp_path, "change-me"), environ={})

@@ -7,7 +7,6 @@ import asyncio
 import base64
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pytest
 import socketio
 from bow_gateway.outbounds.jwt import mint
 
+from .served import free_port, send_raw
 from .support import SECRET
 
 PASSWORD = "pw-Q7x9-never-log-me-4f2b"
@@ -37,13 +37,6 @@ class Served:
     process: subprocess.Popen[bytes]
     out: Path
     err: Path
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @pytest.fixture
@@ -154,20 +147,6 @@ def attacks() -> dict[str, bytes]:
     return requests
 
 
-async def send(port: int, data: bytes) -> None:
-    """Send ``data``, read what comes back until the gateway closes or 1 s passes."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(data)
-        async with asyncio.timeout(1):
-            while await reader.read(65536):
-                pass
-    except (TimeoutError, ConnectionError):
-        pass
-    finally:
-        writer.close()
-
-
 async def authenticate(url: str, token: str) -> bool:
     """A real listener authenticating with ``token``, then leaving; False if it was refused."""
     client = socketio.AsyncClient(reconnection=False)
@@ -199,7 +178,7 @@ def secrets() -> dict[str, str]:
 
 
 async def test_no_credential_reaches_any_line_the_gateway_writes(served: Served) -> None:
-    await asyncio.gather(*(send(served.port, data) for data in attacks().values()))
+    await asyncio.gather(*(send_raw(served.port, data) for data in attacks().values()))
     url = f"http://127.0.0.1:{served.port}"
     assert await authenticate(url, JWT)
     assert not await authenticate(url, BAD_JWT)

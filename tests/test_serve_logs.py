@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import socketio
 
-from .served import PYTHON, Served, clean_env, serve
+from .served import PYTHON, Served, clean_env, send_raw, serve
 from .support import SECRET, token
 
 PASSWORD = "a-password-of-our-own"
@@ -58,20 +58,6 @@ def health(request):
     warnings.warn("noisy_plugin says hello", UserWarning, stacklevel=1)
     return {"ok": True}
 """
-
-
-async def raw(port: int, data: bytes) -> None:
-    """Send ``data`` on a new connection and read until the gateway closes it or 1 s passes."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(data)
-        async with asyncio.timeout(1):
-            while await reader.read(65536):
-                pass
-    except (TimeoutError, ConnectionError):
-        pass
-    finally:
-        writer.close()
 
 
 async def polling_sid(http: aiohttp.ClientSession, url: str, version: str = "v1") -> str:
@@ -161,8 +147,10 @@ def odd_requests(
         "another namespace": other_namespace,
         "a refused token": refused_token,
         "a binary websocket frame": binary_websocket_frame,
-        "garbage HTTP": lambda: raw(port, b"GARBAGE\x01\r\n\r\n"),
-        "a bad header": lambda: raw(port, b"GET /health HTTP/1.1\r\nHost: x\r\nBad\x00: y\r\n\r\n"),
+        "garbage HTTP": lambda: send_raw(port, b"GARBAGE\x01\r\n\r\n"),
+        "a bad header": lambda: send_raw(
+            port, b"GET /health HTTP/1.1\r\nHost: x\r\nBad\x00: y\r\n\r\n"
+        ),
         "no credentials": lambda: post("/v1/messages", "{}"),
         "bad JSON": lambda: post(
             "/v1/messages", "{nope", headers={**AUTH, "Content-Type": "application/json"}

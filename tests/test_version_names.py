@@ -16,7 +16,7 @@ from bow_gateway.outbounds.jwt import JwtOutbound
 from bow_gateway import Bow
 from bow_gateway.standalone import build_bow, load_settings
 
-from .support import SECRET, Listener, base_config, standard_bow, token
+from .support import SECRET, Listener, base_config, jwt_config_file, standard_bow, token
 
 StartBow = Callable[[Bow], Awaitable[Bow]]
 
@@ -89,28 +89,9 @@ async def test_an_unknown_version_is_refused_listing_the_versions_as_configured(
 
 
 async def test_a_typo_in_a_middleware_version_is_reported_as_typed(tmp_path: Path) -> None:
-    config = tmp_path / "gateway.toml"
-    config.write_text(
-        f"""
-        port = 0
-        host = "127.0.0.1"
-        [inbound]
-        realm = "r"
-        username = "u"
-        password = "a-password-of-our-own"
-        [outbound]
-        timeout = 5
-        [[middlewares]]
-        version = "v1"
-        create_criteria_from_listener_details = "bow_gateway.middlewares.claims:criteria_from_claim"
-        [[outbounds]]
-        version = "v1"
-        create_listener_details_from_token = "bow_gateway.outbounds.jwt:JwtOutbound"
-        options = {{ secret = "{SECRET}" }}
-        middleware_version = "v9"
-        """
+    bow = build_bow(
+        load_settings(jwt_config_file(tmp_path, SECRET, middleware_version="v9"), environ={})
     )
-    bow = build_bow(load_settings(str(config), environ={}))
     with pytest.raises(ValueError) as raised:
         await bow.start()
     assert str(raised.value) == (
