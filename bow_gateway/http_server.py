@@ -4,13 +4,12 @@ aiohttp offers most of it, through public keyword arguments of ``web.AppRunner``
 timer closes a connection whose next request's headers have not all arrived in time (the timer
 runs from the connection's start, and from the end of each response), ``lingering_time`` bounds
 how long a body nobody reads is drained, and ``logger`` replaces the logger that reports malformed
-requests. What it lacks, a bound on the arrival of a body a handler waits for, is
-:func:`body_deadline`. No private API is used.
+requests. A body the gateway waits for is bounded where it is read (the inbound's handler, a
+long-polling POST); :func:`handshake_limits` bounds new connections. No private API is used.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 import time
@@ -19,7 +18,6 @@ from typing import Any
 
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.typedefs import Middleware
 
 from .ratelimit import TokenBucket
 
@@ -47,81 +45,39 @@ def app_runner(app: web.Application, *, timeout: float = 10.0) -> web.AppRunner:
     )
 
 
-def body_deadline(timeout: float = 10.0) -> Middleware:
-    """An aiohttp middleware that answers ``408`` and closes the connection when a request's
-    body has not all arrived ``timeout`` s after its headers (a client that promised a body and
-    stalls). A request without a body, such as a long-polling GET or a WebSocket upgrade, is not
-    timed."""
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        body = request.content
-        if body.is_eof():  # no body, or all of it is here
-            return await handler(request)
-        waiting = True
-
-        def arrived() -> None:
-            if waiting and not deadline.expired():
-                deadline.reschedule(None)
-
-        try:
-            async with asyncio.timeout(timeout) as deadline:
-                body.on_eof(arrived)
-                try:
-                    response = await handler(request)
-                finally:
-                    waiting = False
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-        if not deadline.expired():
-            return response
-        # Expired, whether the handler raised or swallowed the cancellation (engineio's POST
-        # handler answers 200 to any error): what it answered was not about the whole body.
-        logger.info(
-            "closed %s %s: its body did not arrive within %g s",
-            request.method,
-            request.path,
-            timeout,
-        )
-        raise request_timeout(timeout)
-
-    return middleware
-
-
 def handshake_limits(
-    path: str,
+    handler: Handler,
     open_connections: Callable[[], int],
     *,
     max_connections: int = 20_000,
     per_second: float = 500.0,
-) -> Middleware:
-    """An aiohttp middleware that answers ``503`` with ``Retry-After`` to a new connection's
-    handshake (a request under ``path`` without a session id) when ``max_connections`` are open,
+) -> Handler:
+    """``handler`` (the Socket.IO endpoint's), answering ``503`` with ``Retry-After`` to a new
+    connection's handshake (a request without a session id) when ``max_connections`` are open,
     or past ``per_second`` handshakes a second (bursts of twice that): what a client costs before
-    it authenticates is bounded for the instance as a whole, not only per connection."""
+    it authenticates is bounded for the instance as a whole, not only per connection. A wrapper
+    of that one route rather than a middleware, which every request would pay for."""
     bucket = TokenBucket(per_second, 2 * per_second)
     refused = 0.0
 
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def guarded(request: web.Request) -> web.StreamResponse:
         nonlocal refused
-        if request.path.startswith(path) and "sid" not in request.query:
-            if open_connections() >= max_connections:
-                why = f"{max_connections} connections are open"
-            elif not bucket.take():
-                why = f"over {per_second:g} new connections a second"
-            else:
-                return await handler(request)
-            if time.monotonic() - refused > 1:  # one line a second at most
-                logger.warning("refusing new connections: %s", why)
-            refused = time.monotonic()
-            raise web.HTTPServiceUnavailable(
-                text=f"503: {why}: retry later", headers={hdrs.RETRY_AFTER: "1"}
-            )
-        return await handler(request)
+        if "sid" in request.query:
+            return await handler(request)
+        if open_connections() >= max_connections:
+            why = f"{max_connections} connections are open"
+        elif not bucket.take():
+            why = f"over {per_second:g} new connections a second"
+        else:
+            return await handler(request)
+        if time.monotonic() - refused > 1:  # one line a second at most
+            logger.warning("refusing new connections: %s", why)
+        refused = time.monotonic()
+        raise web.HTTPServiceUnavailable(
+            text=f"503: {why}: retry later", headers={hdrs.RETRY_AFTER: "1"}
+        )
 
-    return middleware
+    return guarded
 
 
 def request_timeout(timeout: float) -> web.HTTPException:

@@ -149,8 +149,10 @@ def _check_json_content_type(request: web.Request) -> None:
 
 async def _read(request: web.Request, timeout: float) -> bytes:
     try:
-        async with asyncio.timeout(timeout):
+        if request.content.is_eof():  # all of it arrived with the headers: no timer to set
             return await request.read()  # aiohttp answers 413 past client_max_size
+        async with asyncio.timeout(timeout):
+            return await request.read()
     except TimeoutError:
         raise request_timeout(timeout) from None
     except web.RequestPayloadError:  # a body that does not decode (Content-Encoding: gzip...)

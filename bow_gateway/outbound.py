@@ -77,6 +77,7 @@ class SocketOutbound:
         auth_timeout: float = 5.0,
         max_buffered_bytes: int = 1_048_576,
         max_incoming_bytes: int = 16_384,
+        body_timeout: float = 10.0,
         transports: list[str] | None = None,
         cors_origins: list[str] | None = None,
         metrics: Metrics | None = None,
@@ -100,6 +101,7 @@ class SocketOutbound:
             transports=transports,
             cors_origins=cors_origins,
             max_incoming_bytes=max_incoming_bytes,
+            body_timeout=body_timeout,
         )
         self.sio.on("connect", self._connect)
         self.sio.on("connect", self._refuse_namespace, namespace="*")

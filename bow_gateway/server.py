@@ -15,7 +15,7 @@ from .backplanes import Backplane, backplane_from_config
 from .config import Config, load_config
 from .criteria import ListenerId
 from .gc_freeze import freeze_after_connects, release_closed_transports
-from .http_server import app_runner, body_deadline, handshake_limits
+from .http_server import app_runner, handshake_limits
 from .inbound import basic_auth, health_handler, message_handler
 from .index import CriteriaIndex
 from .message import Event, MessageEvent, decode_event, encode_event
@@ -167,6 +167,7 @@ class Bow:
             auth_timeout=config.auth_timeout,
             max_buffered_bytes=config.max_buffered_bytes,
             max_incoming_bytes=config.max_incoming_bytes,
+            body_timeout=config.http_timeout,
             transports=config.transports,
             cors_origins=config.cors_origins,
             metrics=self.metrics,
@@ -206,13 +207,6 @@ class Bow:
         app = web.Application(
             client_max_size=config.max_body_size,
             middlewares=[
-                body_deadline(config.http_timeout),
-                handshake_limits(
-                    SOCKETIO_PATH,
-                    lambda: outbound.open_connections,
-                    max_connections=config.max_sockets,
-                    per_second=config.max_connects_per_second,
-                ),
                 basic_auth(
                     realm=config.realm,
                     username=config.username,
@@ -245,7 +239,15 @@ class Bow:
         )
         if config.metrics_port is None:
             app.router.add_get(METRICS_PATH, self.metrics.handle)
-        outbound.sio.attach(app, socketio_path=SOCKETIO_PATH.strip("/"))
+        # python-socketio's attach(), with the handshake limits around its handler
+        socketio_handler = handshake_limits(
+            outbound.sio.handle_request,
+            lambda: outbound.open_connections,
+            max_connections=config.max_sockets,
+            per_second=config.max_connects_per_second,
+        )
+        for method in ("GET", "POST", "OPTIONS"):
+            app.router.add_route(method, SOCKETIO_PATH, socketio_handler)
         return app
 
     async def _serve(self, app: web.Application, port: int) -> int:

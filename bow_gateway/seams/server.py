@@ -110,6 +110,7 @@ def socketio_server(
     transports: list[str] | None = None,
     cors_origins: list[str] | None = None,
     max_incoming_bytes: int = 16_384,
+    body_timeout: float = 10.0,
 ) -> Server:
     """The gateway's Socket.IO server: every namespace (the outbound refuses all but ``/``),
     the lean websocket driver, bounded packets, origins checked, quiet loggers."""
@@ -132,6 +133,7 @@ def socketio_server(
         client_manager=Manager(),
     )
     server.eio._async = {**server.eio._async, "websocket": WebSocketDriver}
+    server.eio.body_timeout = body_timeout  # LeanSocket's bound on a long-polling POST's body
     return server
 
 

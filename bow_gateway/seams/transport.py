@@ -239,12 +239,12 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             length = int(environ.get("CONTENT_LENGTH") or 0)
             if length > limit:
                 raise ProtocolViolation(f"a POST of {length} bytes (at most {limit})")
+            timeout = self.server.body_timeout
             try:
-                body = await environ["wsgi.input"].read(length)
-            except asyncio.CancelledError:
-                # The HTTP server's body deadline (http_server.body_deadline) cut a stalled
-                # body; engineio would swallow the cancellation and log a traceback.
-                raise ProtocolViolation("a POST whose body did not arrive in time") from None
+                async with asyncio.timeout(timeout):
+                    body = await environ["wsgi.input"].read(length)
+            except TimeoutError:
+                raise ProtocolViolation(f"a POST whose body took over {timeout:g} s") from None
             try:
                 packets = Payload(encoded_payload=body.decode()).packets
             except ValueError as error:  # also a body that is not UTF-8
