@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from .ratelimit import TokenBucket
+from .ratelimit import TokenBucket, rate_limited
 
 logger = logging.getLogger("bow_gateway.http")
 
@@ -41,7 +41,7 @@ def app_runner(app: web.Application, *, timeout: float = 10.0) -> web.AppRunner:
         shutdown_timeout=1,
         keepalive_timeout=timeout,
         lingering_time=timeout,
-        logger=_MalformedRequestLog(logging.getLogger("bow_gateway.http.server"), {}),
+        logger=_MalformedRequestLog(rate_limited("bow_gateway.http.server"), {}),
     )
 
 
