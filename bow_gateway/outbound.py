@@ -192,10 +192,11 @@ class SocketOutbound:
         if connection is None:  # Engine.IO only, refused, or the namespace left
             self.metrics.disconnects.labels("timeout").inc()
             self.spawn(self._close_transport(eio_sid))
-        elif connection.listener_id is None:
+        elif connection.listener_id is None and connection.closing is None:
             reason = f"not authenticated within {self._auth_timeout:g} s of connecting"
             self.metrics.authentications.labels(connection.outbound.version, "timeout").inc()
-            self.spawn(self.refuse(connection.sid, reason, "timeout"))
+            connection.closing = "timeout"  # now: an authentication ending meanwhile must see it
+            self.spawn(self._alert_and_close(connection, reason))
 
     async def refuse(self, sid: str, reason: str, kind: str = "refused") -> None:
         """Tell one socket why with an ``alert``, then disconnect it (``kind`` is for metrics)."""
@@ -421,6 +422,7 @@ class SocketOutbound:
         self._deadlines.clear()
         for eio_sid in list(self.sio.eio.sockets):
             await self._close_transport(eio_sid, abort=True)
+        await self.sio.shutdown()  # engineio's ping-check task, which would outlive the gateway
 
     def listener_count(self) -> int:
         return sum(len(index) for index in self._indices.values())

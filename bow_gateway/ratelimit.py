@@ -32,15 +32,16 @@ class TokenBucket:
 class LogRateLimit(logging.Filter):
     """Passes ``burst`` records, then ``rate`` a second; the next one passed says how many were
     dropped. Attached to the loggers that clients can make speak (a malformed packet, a bad
-    request), so that a flood of them costs a bounded amount of log and CPU."""
+    request, a connection), so that a flood of them costs a bounded amount of log and CPU.
+    Warnings and errors have a bucket of their own: a flood of INFO lines never hides them."""
 
     def __init__(self, rate: float = 10.0, burst: float = 100.0) -> None:
         super().__init__()
-        self._bucket = TokenBucket(rate, burst)
+        self._buckets = (TokenBucket(rate, burst), TokenBucket(rate, burst))
         self.dropped = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self._bucket.take():
+        if not self._buckets[record.levelno >= logging.WARNING].take():
             self.dropped += 1
             return False
         if self.dropped:

@@ -432,3 +432,16 @@ async def test_a_long_polling_client_disconnects_promptly(bow: Bow, url: str) ->
     await listener.authenticate(token("USER/1"))
     async with asyncio.timeout(3):
         await listener.client.disconnect()
+
+
+async def test_a_post_whose_first_packet_ends_the_session_is_answered_without_a_crash(
+    bow: Bow, url: str, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Regression: the malformed "4zz" shut the session, then "5" raised a ProtocolViolation
+    # for a session engineio had forgotten: its handler failed (UnboundLocalError), a 500 and
+    # an ERROR with a traceback that any client could cause.
+    client = Polling(http, url)
+    await client.open()
+    assert await client.post("4zz\x1e5") != 500
+    assert (await client.poll())[0] == 400  # the session is gone
+    assert not [record for record in caplog.records if record.exc_info]

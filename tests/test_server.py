@@ -362,3 +362,20 @@ async def test_a_change_announced_while_a_listener_authenticates_is_not_lost(
         assert index.criteria_of("carol") == {"role": "admin", "__id": "carol"}
     finally:
         await carol.close()
+
+
+async def test_stop_leaves_no_task_of_engineio_running(start_bow: StartBow) -> None:
+    # Regression: engineio's ping-check task, started by the first connection, outlived stop()
+    # and kept the stopped gateway in memory.
+    import asyncio
+
+    from .support import Listener, token
+
+    bow = await start_bow(standard_bow(base_config()))
+    listener = Listener(f"http://127.0.0.1:{bow.port}")
+    await listener.connect()
+    await listener.authenticate(token("USER/1"))
+    await listener.close()
+    await bow.stop()
+    left = [task for task in asyncio.all_tasks() if "_service_task" in repr(task.get_coro())]
+    assert not left

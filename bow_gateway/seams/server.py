@@ -97,6 +97,11 @@ class Server(socketio.AsyncServer):  # type: ignore[misc]
             transport_logger.info("malformed packet from %s: %s", eio_sid, error)
             await self._hooks.refuse_eio(eio_sid, f"malformed packet: {error}")
 
+    async def shutdown(self) -> None:
+        """Stop engineio's ping-check task, if it runs (engineio's own fails a second time)."""
+        if self.eio.service_task_handle is not None:
+            await super().shutdown()
+
     async def send_ack(self, eio_sid: str, id: int) -> None:
         """Acknowledge a client's event on ``/`` with no data."""
         await self._send_packet(

@@ -138,6 +138,7 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
     _poll_timer: asyncio.TimerHandle | None = None
     _closer: asyncio.Future[Any] | None = None
     _incoming: TokenBucket | None = None
+    _polls: int = 0  # long-polling GETs under way
     # engineio's own state, set by its constructor
     queue: Any  # an asyncio.Queue, then _DRAINED once the socket is a websocket
     last_ping: float | None
@@ -208,13 +209,16 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
 
     async def handle_get_request(self, environ: dict[str, Any]) -> Any:
         self._cancel_poll_timer()
+        self._polls += 1
         try:
             return await super().handle_get_request(environ)
         except eio_exceptions.QueueEmpty as error:  # a long-poll that waited in vain
             # engineio raised it from a frame that holds it in a local (sys.exc_info()): a cycle
             traceback.clear_frames(error.__traceback__)
         finally:
-            if not (self.upgrading or self.upgraded or self.closing or self.closed):
+            self._polls -= 1
+            # Not while another poll waits (a stale one the client left after a network blip)
+            if not (self._polls or self.upgrading or self.upgraded or self.closing or self.closed):
                 # A long-polling client polls again as soon as it has a response: one that
                 # does not within ping_timeout has gone, and nothing should wait for it.
                 loop = asyncio.get_running_loop()
@@ -250,10 +254,14 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             except ValueError as error:  # also a body that is not UTF-8
                 raise ProtocolViolation(f"a malformed payload ({error})") from None
             for pkt in packets:
+                if self.closing or self.closed:  # an earlier packet of this POST ended it
+                    return
                 await self.receive(pkt)
         except ProtocolViolation as error:
             await self.violated(error)
-            raise
+            if self.sid in self.server.sockets:
+                raise  # engineio answers 400 and forgets the socket
+            # Already forgotten (shut while this POST ran): engineio's handler would fail on it
 
     async def receive(self, pkt: eio_packet.Packet) -> None:
         if pkt.packet_type not in _ACCEPTED:
