@@ -124,15 +124,14 @@ class SocketOutbound:
     async def _connect(self, sid: str, environ: Mapping[str, Any], auth: Any = None) -> None:
         versions = parse_qs(environ.get("QUERY_STRING", "")).get("v")
         if not versions or not versions[0]:
-            raise socketio.exceptions.ConnectionRefusedError(
-                "no outbound version: connect with the query parameter v, e.g. ?v=1"
+            raise _refused(
+                sid, "no outbound version: connect with the query parameter v, e.g. ?v=1"
             )
         outbound = self._outbounds.get(normalise_version(versions[0]))
         if outbound is None:
             known = ", ".join(sorted(o.version for o in self._outbounds.values())) or "none"
-            raise socketio.exceptions.ConnectionRefusedError(
-                f"unknown outbound version {versions[0]!r}: this gateway serves {known}"
-            )
+            asked = versions[0][:64]
+            raise _refused(sid, f"unknown outbound version {asked!r}: this gateway serves {known}")
         eio_sid = self.sio.manager.eio_sid_from_sid(sid, "/")
         connection = Connection(sid, eio_sid, outbound)
         self.connections[sid] = connection
@@ -147,8 +146,10 @@ class SocketOutbound:
         _forget_headers(environ)
 
     async def _refuse_namespace(self, namespace: str, sid: str, *args: Any) -> None:
-        raise socketio.exceptions.ConnectionRefusedError(
-            f"unknown namespace {namespace!r}: this gateway serves only the default namespace '/'"
+        raise _refused(
+            sid,
+            f"unknown namespace {namespace[:64]!r}: this gateway serves only the default "
+            "namespace '/'",
         )
 
     async def _disconnect(self, sid: str, reason: Any = None) -> None:
@@ -426,6 +427,12 @@ class SocketOutbound:
 
     def listener_count(self) -> int:
         return sum(len(index) for index in self._indices.values())
+
+
+def _refused(sid: str, reason: str) -> socketio.exceptions.ConnectionRefusedError:
+    """A refused Socket.IO connect, logged: the client reads ``reason`` in ``connect_error``."""
+    logger.info("refusing socket %s at connect: %s", sid, reason)
+    return socketio.exceptions.ConnectionRefusedError(reason)
 
 
 class _Refusal(Exception):

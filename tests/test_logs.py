@@ -61,3 +61,30 @@ async def test_connection_lifecycle_and_refusals_are_logged_without_secrets(
     assert any("wrong credentials" in m for m in messages)
     for secret in (good, forged, PASSWORD, SECRET, AUTH["Authorization"].split()[1]):
         assert secret not in text
+
+
+@pytest.mark.parametrize(
+    ("query", "namespace", "reason"),
+    [
+        ("", "/", "no outbound version"),
+        ("?v=v9", "/", "unknown outbound version 'v9'"),
+        ("?v=v1.3", "/admin", "unknown namespace '/admin'"),
+    ],
+)
+async def test_a_connect_refused_is_logged_with_its_reason(
+    caplog: pytest.LogCaptureFixture, url: str, query: str, namespace: str, reason: str
+) -> None:
+    # Regression: a Socket.IO connect refused at the handshake wrote no line at all.
+    import socketio
+
+    caplog.set_level(logging.INFO, logger="bow_gateway")
+    client = socketio.AsyncClient(reconnection=False)
+    with pytest.raises(socketio.exceptions.ConnectionError):
+        await client.connect(
+            url + query, transports=["websocket"], namespaces=[namespace], wait_timeout=5
+        )
+    await client.disconnect()
+    assert any(
+        "refusing socket" in record.getMessage() and reason in record.getMessage()
+        for record in caplog.records
+    ), [record.getMessage() for record in caplog.records]
