@@ -20,8 +20,7 @@ from socketio import packet as sio_packet
 
 from ..ratelimit import rate_limited
 from .transport import WebSocketDriver, make_lean
-
-transport_logger = rate_limited("bow_gateway.transport")
+from .transport import logger as transport_logger
 
 _BINARY_TYPES: Final = frozenset(
     {str(sio_packet.BINARY_EVENT), str(sio_packet.BINARY_ACK)}
