@@ -208,7 +208,31 @@ class CriteriaEvent:
     criteria: Criteria
 
 
-Event = MessageEvent | CriteriaEvent
+@dataclass(frozen=True, slots=True)
+class SetCriteriaEvent:
+    """``POST /_bow/criteria``: these ids' criteria, replaced on every instance and version."""
+
+    changes: list[tuple[ListenerId, Criteria]]
+
+
+@dataclass(frozen=True, slots=True)
+class KickEvent:
+    """``POST /_bow/disconnect``: every socket of these ids gets 4005, then a disconnect."""
+
+    ids: list[ListenerId]
+    reason: str
+    reconnect: str
+
+
+@dataclass(frozen=True, slots=True)
+class CountEvent:
+    """``POST /_bow/count``: every instance answers how many of its sockets match now."""
+
+    request_id: str
+    audience: list[Query]
+
+
+Event = MessageEvent | CriteriaEvent | SetCriteriaEvent | KickEvent | CountEvent
 
 
 def encode_event(event: Event) -> bytes:
@@ -223,7 +247,13 @@ def encode_event(event: Event) -> bytes:
         if message.has_payload:
             document["p"] = message.payload
         return dumps(document)
-    return dumps({"c": event.middleware_version, "i": event.listener_id, "k": event.criteria})
+    if isinstance(event, CriteriaEvent):
+        return dumps({"c": event.middleware_version, "i": event.listener_id, "k": event.criteria})
+    if isinstance(event, SetCriteriaEvent):
+        return dumps({"s": [[listener_id, criteria] for listener_id, criteria in event.changes]})
+    if isinstance(event, KickEvent):
+        return dumps({"x": event.ids, "r": event.reason, "a": event.reconnect})
+    return dumps({"q": event.request_id, "a": event.audience})
 
 
 def decode_event(data: bytes) -> Event:
@@ -232,4 +262,10 @@ def decode_event(data: bytes) -> Event:
     if "m" in document:
         message = Message(document["n"], document["a"], document.get("p"), "p" in document)
         return MessageEvent(document["m"], message, document.get("t", 0.0))
-    return CriteriaEvent(document["c"], document["i"], document["k"])
+    if "c" in document:
+        return CriteriaEvent(document["c"], document["i"], document["k"])
+    if "s" in document:
+        return SetCriteriaEvent([(entry[0], entry[1]) for entry in document["s"]])
+    if "x" in document:
+        return KickEvent(document["x"], document["r"], document["a"])
+    return CountEvent(document["q"], document["a"])

@@ -348,7 +348,8 @@ class SocketOutbound:
             if index is not None:
                 index.update(event.listener_id, event.criteria)
             return
-        await self._deliver_message(event)
+        if isinstance(event, MessageEvent):
+            await self._deliver_message(event)
 
     async def _deliver_message(self, event: MessageEvent) -> None:
         index = self._indices.get(event.middleware_version)
