@@ -16,6 +16,8 @@ S = TypeVar("S", bound=Hashable)
 
 Query = Mapping[str, Scalar]
 Entry = tuple[str, Hashable]
+IndexKey = ListenerId | tuple[str, str]
+"""A listener id, or ``("anonymous", sid)`` for an anonymous socket (no ``__id`` matches it)."""
 
 
 class _Listener(Generic[S]):
@@ -36,7 +38,7 @@ class CriteriaIndex(Generic[S]):
     """
 
     def __init__(self) -> None:
-        self._listeners: dict[ListenerId, _Listener[S]] = {}
+        self._listeners: dict[IndexKey, _Listener[S]] = {}
         self._postings: dict[Entry, set[S]] = {}
 
     def __len__(self) -> int:
@@ -46,18 +48,22 @@ class CriteriaIndex(Generic[S]):
     def socket_count(self) -> int:
         return sum(len(listener.sockets) for listener in self._listeners.values())
 
-    def criteria_of(self, listener_id: ListenerId) -> Criteria | None:
+    def criteria_of(self, listener_id: IndexKey) -> Criteria | None:
         listener = self._listeners.get(listener_id)
         return None if listener is None else listener.criteria
 
-    def listener_ids(self) -> list[ListenerId]:
+    def entries_of(self, listener_id: IndexKey) -> frozenset[Entry] | None:
+        listener = self._listeners.get(listener_id)
+        return None if listener is None else listener.entries
+
+    def listener_ids(self) -> list[IndexKey]:
         return list(self._listeners)
 
-    def sockets_of(self, listener_id: ListenerId) -> set[S]:
+    def sockets_of(self, listener_id: IndexKey) -> set[S]:
         listener = self._listeners.get(listener_id)
         return set() if listener is None else listener.sockets
 
-    def add(self, socket: S, listener_id: ListenerId, criteria: Criteria) -> None:
+    def add(self, socket: S, listener_id: IndexKey, criteria: Criteria) -> None:
         """Hold ``socket`` for ``listener_id``, whose criteria become ``criteria``."""
         listener = self._listeners.get(listener_id)
         if listener is None:
@@ -68,7 +74,7 @@ class CriteriaIndex(Generic[S]):
             listener.sockets.add(socket)
             self._post(socket, listener.entries)
 
-    def remove(self, socket: S, listener_id: ListenerId) -> None:
+    def remove(self, socket: S, listener_id: IndexKey) -> None:
         """Forget ``socket``; the listener goes with its last socket."""
         listener = self._listeners.get(listener_id)
         if listener is None or socket not in listener.sockets:
@@ -78,7 +84,7 @@ class CriteriaIndex(Generic[S]):
         if not listener.sockets:
             del self._listeners[listener_id]
 
-    def update(self, listener_id: ListenerId, criteria: Criteria) -> bool:
+    def update(self, listener_id: IndexKey, criteria: Criteria) -> bool:
         """Give a held listener new criteria; True if they differ (strictly) from the old ones."""
         listener = self._listeners.get(listener_id)
         if listener is None:
@@ -144,3 +150,21 @@ class CriteriaIndex(Generic[S]):
 
 def _entries(criteria: Criteria) -> frozenset[Entry]:
     return criteria_entries({k: v for k, v in criteria.items() if k != ID_KEY})
+
+
+entries_of = _entries
+
+
+def matches(entries: frozenset[Entry], listener_id: object, audience: Iterable[Query]) -> bool:
+    """Whether a listener with these entries (and this id; ``None``: anonymous) matches at least
+    one query of ``audience``: what :meth:`CriteriaIndex.resolve` decides, for one listener."""
+    for query in audience:
+        for key, value in query.items():
+            if key == ID_KEY:
+                if listener_id is None or isinstance(value, bool) or value != listener_id:
+                    break
+            elif (key, typed_key(value)) not in entries:
+                break
+        else:
+            return True
+    return False

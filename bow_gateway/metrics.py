@@ -110,6 +110,36 @@ class Metrics:
             ["task"],
             registry=registry,
         )
+        self.recoveries = Counter(
+            "bow_recoveries",
+            "Protocol-2 recoveries (authenticate with since), by outcome and reason.",
+            ["outcome", "reason"],
+            registry=registry,
+        )
+        self.replayed = Counter(
+            "bow_replayed_messages", "Messages replayed to recovering sockets.", registry=registry
+        )
+        self.gaps = Counter(
+            "bow_gaps",
+            "Times the history broke under this instance (epoch_changed, trimmed).",
+            ["reason"],
+            registry=registry,
+        )
+        self.refreshes = Counter(
+            "bow_refreshes", "Protocol-2 re-authentications that succeeded.", registry=registry
+        )
+        self.expiries = Counter(
+            "bow_expiries", "Sockets closed at exp + grace (4003).", registry=registry
+        )
+        self.kicks = Counter(
+            "bow_kicks", "Listener ids kicked by POST /_bow/disconnect.", registry=registry
+        )
+        self.limit_hits = Counter(
+            "bow_closes",
+            "Sockets closed by the gateway with a code of section 10, by code.",
+            ["code"],
+            registry=registry,
+        )
         self.backplane_lag_seconds = Gauge(
             "bow_backplane_lag_seconds",
             "Age of the last event read from the backplane when it was read.",

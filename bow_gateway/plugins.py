@@ -105,6 +105,8 @@ class OutboundPlugin:
     middleware_version: str
     reference: str | None = None
     table: str | None = None
+    anonymous_criteria: Mapping[str, Any] | None = None
+    """Protocol 2: the criteria of a socket that authenticates with token ``null`` (None: off)."""
 
 
 def resolve(reference: str) -> Any:

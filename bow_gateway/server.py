@@ -11,16 +11,26 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from .backplanes import Backplane, backplane_from_config
+from .backplanes import Backplane, Gap, backplane_from_config
 from .config import Config, load_config
 from .criteria import ListenerId
 from .gc_freeze import freeze_after_connects, release_closed_transports
+from .history import History
 from .http_server import app_runner, handshake_limits
 from .inbound import basic_auth, health_handler, message_handler
-from .index import CriteriaIndex
-from .message import Event, MessageEvent, decode_event, encode_event
+from .index import CriteriaIndex, entries_of
+from .message import (
+    CountEvent,
+    CriteriaEvent,
+    Event,
+    MessageEvent,
+    SetCriteriaEvent,
+    decode_event,
+    dumps,
+    encode_event,
+)
 from .metrics import Metrics
-from .outbound import SocketOutbound, normalise_version
+from .outbound import Settings, SocketOutbound, normalise_version
 from .plugins import (
     AsyncClosable,
     CreateCriteriaFromListenerDetails,
@@ -74,6 +84,7 @@ class Bow:
             on_restart=lambda name: self.metrics.task_restarts.labels(name).inc()
         )
         self._consumer: asyncio.Task[None] | None = None
+        self._history = History(lambda position: None)
 
     # -- registration -----------------------------------------------------------------------
 
@@ -156,16 +167,35 @@ class Bow:
         await backplane.connect()
         self._backplane = backplane
 
-        async def publish(event: Event) -> None:
-            await backplane.publish(encode_event(event))
+        async def publish(event: Event) -> str:
+            return await backplane.publish(encode_event(event))
 
+        self._history = history = History(
+            backplane.parse_position,
+            max_count=config.recovery_max_count,
+            max_age=config.recovery_max_age,
+        )
+        for entry in await backplane.backlog(config.recovery_max_count):
+            self._remember(entry.position, decode_event(entry.data))
         self._outbound = outbound = SocketOutbound(
             outbounds=self._outbounds,
             middlewares=self._middlewares,
             indices={version: CriteriaIndex() for version in self._middlewares},
             publish=publish,
-            auth_timeout=config.auth_timeout,
-            max_buffered_bytes=config.max_buffered_bytes,
+            history=history,
+            settings=Settings(
+                auth_timeout=config.auth_timeout,
+                max_buffered_bytes=config.max_buffered_bytes,
+                expiry_grace=config.expiry_grace,
+                expire_v1_sockets=config.expire_v1_sockets,
+                max_sockets_per_id=config.max_sockets_per_id,
+                max_authenticates_per_minute=config.max_authenticates_per_minute,
+                recovery_enabled=config.recovery_enabled,
+                max_replay=config.recovery_max_replay,
+                position_interval=config.position_interval,
+            ),
+            claim=backplane.claim,
+            release=backplane.release,
             max_incoming_bytes=config.max_incoming_bytes,
             body_timeout=config.http_timeout,
             transports=config.transports,
@@ -182,6 +212,7 @@ class Bow:
             interval = config.log_interval
             supervise("listener count", lambda: self._log_listeners(interval))
         supervise("loop lag probe", self._probe_loop_lag)
+        supervise("position teller", outbound.tell_positions)
         if config.gc_freeze:
             supervise("gc freezer", lambda: freeze_after_connects(lambda: outbound.connects))
         try:
@@ -286,7 +317,7 @@ class Bow:
                 self._consumer.cancel()
                 self._consumer = None
         if self._outbound is not None:
-            await self._outbound.close()
+            await self._outbound.close_all()
         runners, self._runners = self._runners, []
         for runner in runners:
             await runner.cleanup()
@@ -333,16 +364,42 @@ class Bow:
 
     async def _consume(self, backplane: Backplane, outbound: SocketOutbound) -> None:
         metrics = self.metrics
-        async for data in backplane.events():
+        history = self._history
+        async for entry in backplane.events():
+            if isinstance(entry, Gap):
+                history.restart(entry.position)
+                outbound.gap(entry.position, entry.reason)
+                continue
             try:
-                event = decode_event(data)
-                if isinstance(event, MessageEvent) and event.accepted_at:
-                    metrics.backplane_lag_seconds.set(max(0.0, time.time() - event.accepted_at))
-                await outbound.deliver(event)
-                if isinstance(event, MessageEvent) and event.accepted_at:
-                    metrics.latency_seconds.observe(max(0.0, time.time() - event.accepted_at))
+                event = decode_event(entry.data)
+                accepted_at = event.accepted_at if isinstance(event, MessageEvent) else 0.0
+                if accepted_at:
+                    metrics.backplane_lag_seconds.set(max(0.0, time.time() - accepted_at))
+                self._remember(entry.position, event)  # first: a recovery meanwhile ends here
+                if isinstance(event, CountEvent):
+                    sockets, ids = outbound.count(event.audience)
+                    known = None if len(ids) > self.config.count_max_ids else list(ids)
+                    answer = dumps({"sockets": sockets, "ids": known})
+                    outbound.spawn(backplane.answer(event.request_id, answer))
+                    continue
+                await outbound.deliver(entry.position, event)
+                if accepted_at:
+                    metrics.latency_seconds.observe(max(0.0, time.time() - accepted_at))
             except Exception:  # one bad event must not stop delivery of the next ones
                 logger.exception("could not deliver an event")
+
+    def _remember(self, position: str, event: Event) -> None:
+        """Keep an event in the recovery window, and the criteria changes it carries."""
+        history = self._history
+        accepted_at = event.accepted_at if isinstance(event, MessageEvent) else None
+        history.append(position, event, accepted_at)
+        if isinstance(event, CriteriaEvent):
+            entries = entries_of(event.criteria)
+            history.note_criteria(position, event.middleware_version, event.listener_id, entries)
+        elif isinstance(event, SetCriteriaEvent):
+            for listener_id, criteria in event.changes:
+                for version in self._middlewares:
+                    history.note_criteria(position, version, listener_id, entries_of(criteria))
 
     async def _probe_loop_lag(self, interval: float = 0.25, warn_above: float = 1.0) -> None:
         """Measure how late the loop runs a timer; a stall over ``warn_above`` s is logged."""

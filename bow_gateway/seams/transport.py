@@ -165,6 +165,16 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             await super().send(pkt)  # long-polling, or not upgraded yet: engineio's queue
         # else the websocket is ending: nothing would ever read the queue
 
+    def enqueue(self, data: str) -> bool:
+        """Queue a MESSAGE for a long-poll now, without yielding (delivery order is kept across
+        sockets); False if the socket is (becoming) a websocket or closed."""
+        if self.transport is not None or self._websocket is not None or self.closing:
+            return False
+        pkt = eio_packet.Packet(eio_packet.MESSAGE, data)
+        self.queued_bytes += _size(pkt)
+        self.queue.put_nowait(pkt)
+        return True
+
     def schedule_ping(self) -> None:
         if self.closing or self.closed:
             return

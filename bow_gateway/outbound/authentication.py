@@ -1,0 +1,394 @@
+"""Authentication: a token becomes listener details, then criteria; the socket is indexed.
+
+Protocol 1 is Bow's: one ``authenticate``, a second ignored. Protocol 2 (section 8) takes
+options (``since``: recovery, section 7), re-authenticates on every later ``authenticate`` (one at
+a time), keeps the identity, admits anonymous listeners and enforces ``exp`` with a grace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .. import codes
+from ..codes import Code
+from ..criteria import ID_KEY, Criteria, ListenerId, validate_criteria, validate_listener_details
+from ..history import DISABLED, Recovery
+from ..index import entries_of, matches
+from ..message import CriteriaEvent
+from ..plugins import OutboundPlugin, WatchesCriteria
+from ..userfn import call_user_function, describe
+from . import codec
+from .connection import Connection
+from .sockets import logger
+
+if TYPE_CHECKING:
+    from .sockets import SocketOutbound
+
+
+class Refusal(Exception):
+    """Authentication failed with ``code``; the text is what the client reads in its alert."""
+
+    def __init__(self, text: str, code: Code = codes.AUTH_REFUSED) -> None:
+        super().__init__(text)
+        self.code = code
+
+
+class Authenticator:
+    """Runs ``authenticate`` events for :class:`~.sockets.SocketOutbound`."""
+
+    def __init__(
+        self,
+        outbound: SocketOutbound,
+        *,
+        claim: Callable[[str, str, int], Awaitable[bool]] | None = None,
+        release: Callable[[str, str], Awaitable[None]] | None = None,
+    ) -> None:
+        self._outbound = outbound
+        self._claim = claim
+        self._release = release
+        self._refreshes: dict[str, int] = {}  # per middleware version: refreshes begun
+
+    async def authenticate(self, sid: str, eio_sid: str, args: list[Any], ack_id: Any) -> None:
+        outbound = self._outbound
+        connection = outbound.connections.get(sid)
+        if connection is None or connection.closing is not None:
+            return
+        if not connection.authenticates.take():
+            limit = outbound.settings.max_authenticates_per_minute
+            outbound.close(
+                connection, codes.TOO_MANY_REQUESTS, f"over {limit} authenticate a minute"
+            )
+            return
+        if connection.proto == 1:
+            if connection.busy or connection.authenticated:
+                return  # busy, or already authenticated: ignored, as Bow does
+            connection.busy = True
+            try:
+                await self._authenticate(connection, args, ack_id)
+            finally:
+                connection.busy = False
+            return
+        if connection.lock is None:
+            connection.lock = asyncio.Lock()
+        async with connection.lock:  # one at a time, in arrival order
+            if connection.closing is None:
+                await self._authenticate(connection, args, ack_id)
+
+    async def _authenticate(self, connection: Connection, args: list[Any], ack_id: Any) -> None:
+        outbound = self._outbound
+        version = connection.outbound.version
+        try:
+            token, options = _arguments(connection, args, ack_id)
+            refreshes = self._refreshes.get(connection.outbound.middleware_version, 0)
+            details, criteria = await self._criteria_for(connection, token)
+        except Refusal as refusal:
+            outbound.metrics.authentications.labels(version, "refused").inc()
+            outbound.close(connection, refusal.code, str(refusal))
+            return
+        if outbound.connections.get(connection.sid) is not connection or connection.closing:
+            return  # disconnected (or timed out) while the user's functions ran
+        listener_id: ListenerId | None = None if details is None else details["id"]
+        if connection.authenticated and listener_id != connection.listener_id:
+            outbound.close(
+                connection, codes.ID_CHANGED, "a socket cannot change its id: connect a new one"
+            )
+            return
+        if listener_id is not None and connection.listener_id is None:
+            if not await self._take_place(connection, listener_id):
+                return
+        self._index(connection, listener_id, details, criteria)
+        result = self._result(connection, listener_id, criteria, options)
+        replay = None if result is None else result.pop("_replay", None)
+        outbound.writer.write(connection, codec.ack(ack_id, result, proto=connection.proto))
+        outbound.metrics.authentications.labels(version, "accepted").inc()
+        logger.info("socket %s authenticated as listener %r", connection.sid, listener_id)
+        if replay:
+            await outbound.writer.replay(connection, replay)
+        if listener_id is None:
+            return
+        middleware_version = connection.outbound.middleware_version
+        if self._refreshes.get(middleware_version, 0) != refreshes:
+            # The middleware announced a change while these criteria were read (and skipped
+            # this listener, not indexed yet): they may be stale, read them again.
+            await self.refresh(middleware_version, [listener_id])
+            criteria = outbound.indices[middleware_version].criteria_of(listener_id) or criteria
+        try:
+            await outbound.publish(CriteriaEvent(middleware_version, listener_id, criteria))
+        except Exception as error:  # noqa: BLE001 - the socket is served here all the same
+            logger.warning("could not share the criteria of listener %r: %s", listener_id, error)
+
+    async def _take_place(self, connection: Connection, listener_id: ListenerId) -> bool:
+        """Claim a place among the id's sockets on every instance; 4009 when there is none."""
+        limit = self._outbound.settings.max_sockets_per_id
+        if self._claim is None or not limit:
+            return True
+        try:
+            claimed = await self._claim(_key(listener_id), connection.sid, limit)
+        except Exception as error:  # noqa: BLE001 - a backplane down must not refuse everyone
+            logger.warning("could not count the sockets of listener %r: %s", listener_id, error)
+            return True
+        if connection.closing is not None:
+            if claimed:
+                self._outbound.spawn(self._give_back(listener_id, connection.sid))
+            return False
+        if not claimed:
+            self._outbound.close(
+                connection, codes.TOO_MANY_SOCKETS, f"listener already has {limit} sockets"
+            )
+            return False
+        connection.claimed = True
+        return True
+
+    def _index(
+        self,
+        connection: Connection,
+        listener_id: ListenerId | None,
+        details: Mapping[str, Any] | None,
+        criteria: Criteria,
+    ) -> None:
+        """Hold the socket under its (new) criteria, from the current position on."""
+        outbound = self._outbound
+        deadline = outbound.deadlines.pop(connection.eio_sid, None)
+        if deadline is not None:
+            deadline.cancel()
+        key = listener_id if listener_id is not None else ("anonymous", connection.sid)
+        if connection.key != key:
+            outbound.unindex(connection)
+            outbound.index(connection, key, criteria)
+        else:
+            outbound.indices[connection.outbound.middleware_version].update(key, criteria)
+            outbound.metrics.refreshes.inc()
+        connection.listener_id = listener_id
+        if isinstance(
+            outbound.middlewares[connection.outbound.middleware_version], WatchesCriteria
+        ):
+            connection.details = details  # to recompute the criteria when they change
+        self._arm_expiry(connection, None if details is None else details.get("exp"))
+
+    def _result(
+        self,
+        connection: Connection,
+        listener_id: ListenerId | None,
+        criteria: Criteria,
+        options: Mapping[str, Any],
+    ) -> dict[str, Any] | None:
+        """The protocol-2 ack's result (with the packets to replay under ``_replay``)."""
+        if connection.proto == 1:
+            return None
+        outbound = self._outbound
+        history = outbound.history
+        expires_in = None if connection.exp is None else max(0.0, connection.exp - time.time())
+        result: dict[str, Any] = {
+            "id": listener_id,
+            "position": history.last,
+            "recovered": None,
+            "reason": None,
+            "criteria_changed": None,
+            "expires_in": expires_in,
+        }
+        since = options.get("since")
+        if since is None:
+            return result
+        entries = entries_of(criteria)
+        if outbound.settings.recovery_enabled:
+            recovery = history.recover(
+                since,
+                lambda audience: matches(entries, listener_id, audience),
+                outbound.settings.max_replay,
+            )
+        else:
+            recovery = Recovery(False, DISABLED, history.last)
+        outbound.metrics.recoveries.labels(
+            "recovered" if recovery.recovered else "not_recovered", recovery.reason or "none"
+        ).inc()
+        before = (
+            None
+            if listener_id is None
+            else history.criteria_at(since, connection.outbound.middleware_version, listener_id)
+        )
+        result.update(
+            position=recovery.position,
+            recovered=recovery.recovered,
+            reason=recovery.reason,
+            criteria_changed=before is not None and before != entries,
+        )
+        if recovery.replay:
+            outbound.metrics.replayed.inc(len(recovery.replay))
+            result["_replay"] = [
+                codec.positioned_event(event.message, position, replayed=True)
+                for position, event in recovery.replay
+            ]
+        return result
+
+    async def _criteria_for(
+        self, connection: Connection, token: Any
+    ) -> tuple[Mapping[str, Any] | None, Criteria]:
+        outbound = connection.outbound
+        if token is None:  # anonymous (checked by _arguments)
+            assert outbound.anonymous_criteria is not None
+            return None, dict(outbound.anonymous_criteria)
+        timeout = self._outbound.settings.auth_timeout
+        listener_fn = outbound.create_listener_details_from_token
+        try:
+            details = validate_listener_details(
+                await call_user_function(listener_fn, token, timeout)
+            )
+        except TimeoutError:
+            raise Refusal(f"{describe(listener_fn)} did not answer within {timeout:g} s") from None
+        except Exception as error:  # noqa: BLE001 - a refusal, whatever the user's code raised
+            raise Refusal(f"the token was refused: {error}") from None
+        self._check_exp(connection, details)
+        listener_id = details["id"]
+        return details, await self._criteria(outbound, details, listener_id)
+
+    async def _criteria(
+        self, outbound: OutboundPlugin, details: Mapping[str, Any], listener_id: ListenerId
+    ) -> Criteria:
+        timeout = self._outbound.settings.auth_timeout
+        criteria_fn = self._outbound.middlewares[outbound.middleware_version]
+        try:
+            raw = await call_user_function(criteria_fn, details, timeout)
+        except TimeoutError:
+            raise Refusal(f"{describe(criteria_fn)} did not answer within {timeout:g} s") from None
+        except LookupError as error:  # the middleware does not know this listener: say so
+            logger.info("%s refused listener %r: %s", describe(criteria_fn), listener_id, error)
+            raise Refusal(str(error)) from None
+        except Exception:
+            logger.exception("%s raised for listener %r", describe(criteria_fn), listener_id)
+            raise Refusal(f"no criteria could be built for listener {listener_id!r}") from None
+        try:
+            return validate_criteria(raw, listener_id)
+        except ValueError as error:
+            raise Refusal(f"invalid criteria for listener {listener_id!r}: {error}") from None
+
+    def _check_exp(self, connection: Connection, details: Mapping[str, Any]) -> None:
+        """``exp`` must be a number of seconds since the epoch, in the future (when enforced)."""
+        if not self._enforces_exp(connection) or details.get("exp") is None:
+            return
+        exp = details["exp"]
+        if isinstance(exp, bool) or not isinstance(exp, int | float):
+            raise Refusal(f"exp must be seconds since the Unix epoch, not {type(exp).__name__}")
+        if exp <= time.time():
+            raise Refusal("the token has expired", codes.TOKEN_EXPIRED)
+
+    def _enforces_exp(self, connection: Connection) -> bool:
+        return connection.proto == 2 or self._outbound.settings.expire_v1_sockets
+
+    def _arm_expiry(self, connection: Connection, exp: Any) -> None:
+        """At ``exp``: 4100 (protocol 2); at ``exp + grace``: 4003 and a disconnect."""
+        if connection.timer is not None:
+            connection.timer.cancel()
+            connection.timer = None
+        if exp is None or not self._enforces_exp(connection):
+            connection.exp = None
+            return
+        connection.exp = float(exp)
+        loop = asyncio.get_running_loop()
+        left = max(0.0, connection.exp - time.time())
+        if connection.proto == 2:
+            connection.timer = loop.call_later(left, self._refresh_required, connection)
+        else:
+            grace = self._outbound.settings.expiry_grace
+            connection.timer = loop.call_later(left + grace, self._expired, connection)
+
+    def _refresh_required(self, connection: Connection) -> None:
+        outbound = self._outbound
+        grace = outbound.settings.expiry_grace
+        outbound.writer.write(
+            connection,
+            codec.alert(
+                2,
+                codes.REFRESH_REQUIRED,
+                f"the token expires: authenticate again within {grace:g} s",
+                fatal=False,
+            ),
+        )
+        loop = asyncio.get_running_loop()
+        connection.timer = loop.call_later(grace, self._expired, connection)
+
+    def _expired(self, connection: Connection) -> None:
+        connection.timer = None
+        self._outbound.metrics.expiries.inc()
+        self._outbound.close(connection, codes.TOKEN_EXPIRED, "the token expired")
+
+    def forget(self, connection: Connection) -> None:
+        """The connection is gone: unindex it, cancel its timers, give back its place."""
+        self._outbound.unindex(connection)
+        if connection.timer is not None:
+            connection.timer.cancel()
+            connection.timer = None
+        if connection.claimed and connection.listener_id is not None:
+            connection.claimed = False
+            self._outbound.spawn(self._give_back(connection.listener_id, connection.sid))
+
+    async def _give_back(self, listener_id: ListenerId, sid: str) -> None:
+        if self._release is None:
+            return
+        try:
+            await self._release(_key(listener_id), sid)
+        except Exception as error:  # noqa: BLE001 - the place expires with its instance anyway
+            logger.info("could not release a place of listener %r: %s", listener_id, error)
+
+    async def refresh(
+        self, middleware_version: str, listener_ids: list[ListenerId] | None = None
+    ) -> int:
+        """Recompute the criteria of held listeners (all, or those named) and re-index them.
+
+        Nobody is disconnected: a listener whose criteria can no longer be built keeps only
+        ``__id``, so it stops receiving what its old criteria matched. Returns how many changed.
+        """
+        self._refreshes[middleware_version] = self._refreshes.get(middleware_version, 0) + 1
+        index = self._outbound.indices[middleware_version]
+        criteria_fn = self._outbound.middlewares[middleware_version]
+        timeout = self._outbound.settings.auth_timeout
+        changed = 0
+        held = index.listener_ids() if listener_ids is None else listener_ids
+        for position, listener_id in enumerate(held, 1):
+            details = next(
+                (c.details for c in index.sockets_of(listener_id) if c.details is not None), None
+            )
+            if details is None or isinstance(listener_id, tuple):
+                continue  # not held here, or anonymous
+            try:
+                raw = await call_user_function(criteria_fn, details, timeout)
+                criteria = validate_criteria(raw, listener_id)
+            except Exception as error:  # noqa: BLE001 - refused now: keep the socket, not the access
+                logger.info("listener %r keeps no criteria: %s", listener_id, error)
+                criteria = {ID_KEY: listener_id}
+            changed += index.update(listener_id, criteria)
+            if position % 100 == 0:
+                await asyncio.sleep(0)  # a long refresh must not starve delivery
+        return changed
+
+
+def _arguments(
+    connection: Connection, args: list[Any], ack_id: Any
+) -> tuple[Any, Mapping[str, Any]]:
+    """The token and the options of an ``authenticate``, or a :class:`Refusal` (4000)."""
+    if ack_id is None:
+        raise Refusal("authenticate needs an acknowledgement callback", codes.BAD_REQUEST)
+    token = args[0] if args else None
+    options: Any = {}
+    if connection.proto == 2:
+        if len(args) > 2:
+            raise Refusal("authenticate takes (token, options, ack)", codes.BAD_REQUEST)
+        options = args[1] if len(args) == 2 else {}
+        if not isinstance(options, dict):
+            raise Refusal("authenticate's options must be a mapping", codes.BAD_REQUEST)
+        since = options.get("since")
+        if since is not None and not isinstance(since, str):
+            raise Refusal("since must be a position (a string)", codes.BAD_REQUEST)
+        if token is None and connection.outbound.anonymous_criteria is not None:
+            return None, options
+    if token is None or token == "":
+        raise Refusal("authenticate needs a token", codes.BAD_REQUEST)
+    return token, options
+
+
+def _key(listener_id: ListenerId) -> str:
+    """A listener id as the key of its places (JSON: 1 and "1" are different ids)."""
+    return json.dumps(listener_id)

@@ -1,0 +1,92 @@
+"""One Socket.IO connection's state, whatever protocol it speaks, and the outbound's settings."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..criteria import ListenerId
+from ..index import IndexKey
+from ..plugins import OutboundPlugin
+from ..ratelimit import TokenBucket
+from ..seams import LeanSocket
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The outbound's limits and protocol-2 behaviour (section 10 and the ``recovery`` keys)."""
+
+    auth_timeout: float = 5.0
+    max_buffered_bytes: int = 1_048_576
+    expiry_grace: float = 25.0
+    expire_v1_sockets: bool = False
+    max_sockets_per_id: int = 100
+    max_authenticates_per_minute: int = 12
+    recovery_enabled: bool = True
+    max_replay: int = 1_000
+    position_interval: float = 30.0
+
+
+class Connection:
+    """One Socket.IO connection, from connect to disconnect."""
+
+    __slots__ = (
+        "authenticates",
+        "backlog",
+        "backlog_bytes",
+        "busy",
+        "claimed",
+        "closing",
+        "details",
+        "eio_sid",
+        "exp",
+        "key",
+        "listener_id",
+        "lock",
+        "outbound",
+        "positioned_at",
+        "proto",
+        "sid",
+        "socket",
+        "timer",
+        "transport",
+    )
+
+    def __init__(
+        self,
+        sid: str,
+        eio_sid: str,
+        outbound: OutboundPlugin,
+        *,
+        proto: int = 1,
+        socket: LeanSocket | None = None,
+        authenticates_per_minute: int = 12,
+    ) -> None:
+        self.sid = sid
+        self.eio_sid = eio_sid
+        self.outbound = outbound
+        self.proto = proto
+        self.socket = socket
+        self.key: IndexKey | None = None  # in the index under it once authenticated
+        self.listener_id: ListenerId | None = None  # None while anonymous
+        self.details: Mapping[str, Any] | None = None  # kept if the middleware watches changes
+        self.busy = False  # an authenticate under way (protocol 1 ignores another meanwhile)
+        self.lock: asyncio.Lock | None = None  # protocol 2: authenticates run one at a time
+        self.authenticates = TokenBucket(authenticates_per_minute / 60, authenticates_per_minute)
+        self.claimed = False  # holds a place among its id's sockets (max_sockets_per_id)
+        self.exp: float | None = None  # its listener details' exp, when enforced
+        self.timer: asyncio.TimerHandle | None = None  # refresh_required, then token_expired
+        self.positioned_at = 0.0  # loop time of the last positioned event sent (protocol 2)
+        self.closing: str | None = None  # why the gateway is closing it (refused, slow, ...)
+        # Set once the socket is a websocket (LeanSocket.transport): frames are written to it.
+        self.transport: asyncio.Transport | None = None
+        # While a replay is written: what waits behind it, encoded; None otherwise.
+        self.backlog: deque[bytes] | None = None
+        self.backlog_bytes = 0
+
+    @property
+    def authenticated(self) -> bool:
+        return self.key is not None

@@ -1,0 +1,448 @@
+"""The Socket.IO outbound: versioned handshakes, the connections' lifecycle, and delivery.
+
+Sockets connect with ``?v=VERSION`` (and ``proto=2`` to opt in to section 6), authenticate
+(:mod:`.authentication`), and are then held in the criteria index of their outbound's middleware
+version. Each message is resolved once, encoded once per protocol, and the same bytes are written
+to every matching websocket without a task, a queue or an encoding per recipient.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, Final
+from urllib.parse import parse_qs
+
+import socketio
+
+from .. import codes
+from ..codes import Code
+from ..criteria import ID_KEY, Criteria, ListenerId
+from ..history import History
+from ..index import CriteriaIndex, IndexKey, Query
+from ..message import (
+    DISCONNECT,
+    CriteriaEvent,
+    Event,
+    KickEvent,
+    MessageEvent,
+    SetCriteriaEvent,
+)
+from ..metrics import Metrics
+from ..plugins import CreateCriteriaFromListenerDetails, OutboundPlugin
+from ..ratelimit import rate_limited
+from ..seams import LeanSocket, socketio_server, websocket_frame
+from . import codec
+from .connection import Connection, Settings
+from .writer import Writer
+
+# A line or two per connection: rate-limited, since clients choose how many connections to open
+logger = rate_limited("bow_gateway.outbound", rate=50.0, burst=500.0)
+
+YIELD_EVERY: Final = 1_000  # sockets written between two yields to the event loop
+CLOSE_AFTER: Final = 0.05  # seconds between a fatal alert and the disconnect that follows it
+
+
+def normalise_version(version: str) -> str:
+    """The key that matches ``"v1.3"`` and ``"1.3"`` to the same version, as in Bow (only a key:
+    errors, logs and metric labels name a version as it was configured)."""
+    return version.removeprefix("v")
+
+
+class SocketOutbound:
+    """Every Socket.IO connection of one instance, and the delivery of events to them."""
+
+    def __init__(
+        self,
+        *,
+        outbounds: Mapping[str, OutboundPlugin],
+        middlewares: Mapping[str, CreateCriteriaFromListenerDetails],
+        indices: Mapping[str, CriteriaIndex[Connection]],
+        publish: Callable[[Event], Awaitable[object]],
+        history: History | None = None,
+        settings: Settings = Settings(),
+        claim: Callable[[str, str, int], Awaitable[bool]] | None = None,
+        release: Callable[[str, str], Awaitable[None]] | None = None,
+        max_incoming_bytes: int = 16_384,
+        body_timeout: float = 10.0,
+        transports: list[str] | None = None,
+        cors_origins: list[str] | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        from .authentication import Authenticator  # it needs this class's connections
+
+        self._outbounds = outbounds
+        self.middlewares = middlewares
+        self.indices = indices
+        self.publish = publish
+        self.history = history or History(lambda position: None)
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.connections: dict[str, Connection] = {}
+        self.positioned: set[Connection] = set()  # authenticated protocol-2 connections
+        self.connects = 0  # Socket.IO connections accepted so far
+        self.open_connections = 0  # Engine.IO connections open, authenticated or not
+        self._tasks: set[asyncio.Task[None]] = set()
+        # Engine.IO connections not authenticated yet, and when they must be
+        self.deadlines: dict[str, asyncio.TimerHandle] = {}
+        self.sio = socketio_server(
+            self,
+            transports=transports,
+            cors_origins=cors_origins,
+            max_incoming_bytes=max_incoming_bytes,
+            body_timeout=body_timeout,
+        )
+        self.sio.on("connect", self._connect)
+        self.sio.on("connect", self._refuse_namespace, namespace="*")
+        self.sio.on("disconnect", self._disconnect)
+        self.writer = Writer(
+            self.sio.eio.sockets.get, self._too_slow, max_buffered_bytes=settings.max_buffered_bytes
+        )
+        self.authenticator = Authenticator(self, claim=claim, release=release)
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run a per-socket job in the background, keeping a reference until it ends; one that
+        fails is logged with its traceback (it concerns one socket: nothing to restart)."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._job_done)
+
+    def _job_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            logger.error("a socket's job failed", exc_info=error)
+
+    # -- connection lifecycle ---------------------------------------------------------------
+
+    async def _connect(self, sid: str, environ: Mapping[str, Any], auth: Any = None) -> None:
+        query = parse_qs(environ.get("QUERY_STRING", ""))
+        versions = query.get("v")
+        if not versions or not versions[0]:
+            raise _refused(
+                sid,
+                codes.UNKNOWN_VERSION,
+                "no outbound version: connect with the query parameter v, e.g. ?v=1",
+            )
+        outbound = self._outbounds.get(normalise_version(versions[0]))
+        if outbound is None:
+            known = ", ".join(sorted(o.version for o in self._outbounds.values())) or "none"
+            asked = versions[0][:64]
+            raise _refused(
+                sid,
+                codes.UNKNOWN_VERSION,
+                f"unknown outbound version {asked!r}: this gateway serves {known}",
+            )
+        protos = query.get("proto", ["1"])
+        if protos[0] not in ("1", "2"):
+            raise _refused(
+                sid, codes.BAD_PROTOCOL, f"unknown protocol {protos[0][:16]!r}: proto is 1 or 2"
+            )
+        eio_sid = self.sio.manager.eio_sid_from_sid(sid, "/")
+        connection = Connection(
+            sid,
+            eio_sid,
+            outbound,
+            proto=int(protos[0]),
+            socket=self.sio.eio.sockets.get(eio_sid),
+            authenticates_per_minute=self.settings.max_authenticates_per_minute,
+        )
+        self.connections[sid] = connection
+        self.connects += 1
+        self.metrics.sockets_connected.labels(outbound.version).inc()
+        logger.info(
+            "socket %s connected to outbound %s (protocol %s) from %s",
+            sid,
+            outbound.version,
+            connection.proto,
+            environ.get("REMOTE_ADDR", "?"),
+        )
+        _forget_headers(environ)
+
+    async def _refuse_namespace(self, namespace: str, sid: str, *args: Any) -> None:
+        raise _refused(
+            sid,
+            codes.BAD_NAMESPACE,
+            f"unknown namespace {namespace[:64]!r}: this gateway serves only the default "
+            "namespace '/'",
+        )
+
+    async def _disconnect(self, sid: str, reason: Any = None) -> None:
+        connection = self.connections.pop(sid, None)
+        if connection is None:
+            return
+        version = connection.outbound.version
+        self.metrics.sockets_connected.labels(version).dec()
+        self.authenticator.forget(connection)
+        why = connection.closing or str(reason or "transport close")
+        connection.closing = why  # a delivery under way skips it from now on
+        self.metrics.disconnects.labels(why).inc()
+        logger.info("socket %s disconnected: %s", sid, why)
+        socket = self.sio.eio.sockets.get(connection.eio_sid)
+        if socket is not None and not (socket.closing or socket.closed):
+            # The client left the namespace but kept the connection, which serves nothing now.
+            self.spawn(self.close_transport(connection.eio_sid))
+
+    def unindex(self, connection: Connection) -> None:
+        """Take an authenticated connection out of its index (it stays connected)."""
+        if connection.key is None:
+            return
+        self.metrics.sockets_authenticated.labels(connection.outbound.version).dec()
+        self.indices[connection.outbound.middleware_version].remove(connection, connection.key)
+        self.positioned.discard(connection)
+        connection.key = None
+
+    def index(self, connection: Connection, key: IndexKey, criteria: Criteria) -> None:
+        """Hold an authenticated connection in its index under ``key``."""
+        self.indices[connection.outbound.middleware_version].add(connection, key, criteria)
+        connection.key = key
+        self.metrics.sockets_authenticated.labels(connection.outbound.version).inc()
+        if connection.proto == 2:
+            self.positioned.add(connection)
+            connection.positioned_at = time.monotonic()
+
+    def opened(self, eio_sid: str) -> None:
+        """An Engine.IO connection opened: it has ``auth_timeout`` to be authenticated."""
+        self.open_connections += 1
+        self.metrics.connections_open.inc()
+        loop = asyncio.get_running_loop()
+        timeout = self.settings.auth_timeout
+        self.deadlines[eio_sid] = loop.call_later(timeout, self._expire, eio_sid)
+
+    def closed(self, eio_sid: str) -> None:
+        self.open_connections -= 1
+        self.metrics.connections_open.dec()
+        deadline = self.deadlines.pop(eio_sid, None)
+        if deadline is not None:
+            deadline.cancel()
+
+    def _expire(self, eio_sid: str) -> None:
+        """Close a connection not authenticated in time, whatever it did or did not send."""
+        self.deadlines.pop(eio_sid, None)
+        sid = self.sio.manager.sid_from_eio_sid(eio_sid, "/")
+        connection = self.connections.get(sid) if sid is not None else None
+        if connection is None:  # Engine.IO only, refused, or the namespace left
+            self.metrics.disconnects.labels("timeout").inc()
+            self.spawn(self.close_transport(eio_sid))
+        elif not connection.authenticated and connection.closing is None:
+            reason = f"not authenticated within {self.settings.auth_timeout:g} s of connecting"
+            self.metrics.authentications.labels(connection.outbound.version, "timeout").inc()
+            self.close(connection, codes.AUTH_TIMEOUT, reason, kind="timeout")
+
+    def close(
+        self,
+        connection: Connection,
+        code: Code,
+        text: str,
+        *,
+        kind: str | None = None,
+        reconnect: str | None = None,
+    ) -> None:
+        """Tell one socket why with a fatal ``alert``, then disconnect it (soon, and once)."""
+        if connection.closing is not None:
+            return
+        connection.closing = kind or code.reason  # now: later deliveries and alerts skip it
+        self.metrics.limit_hits.labels(str(code.code)).inc()
+        logger.info("closing socket %s: %s: %s", connection.sid, code.reason, text)
+        connection.backlog = None  # what waits behind a replay is dropped with the socket
+        self.writer.write_alert(
+            connection, codec.alert(connection.proto, code, text, reconnect=reconnect)
+        )
+        self.spawn(self._disconnect_soon(connection))
+
+    async def _disconnect_soon(self, connection: Connection) -> None:
+        await asyncio.sleep(CLOSE_AFTER)  # a long-polling client fetches the alert meanwhile
+        await self.sio.disconnect(connection.sid)
+        await self.close_transport(connection.eio_sid)
+
+    async def refuse_eio(self, eio_sid: str, reason: str) -> None:
+        sid = self.sio.manager.sid_from_eio_sid(eio_sid, "/")
+        connection = self.connections.get(sid) if sid is not None else None
+        if connection is not None:
+            self.close(connection, codes.BAD_REQUEST, reason, kind="malformed")
+        else:
+            await self.close_transport(eio_sid)
+
+    async def close_transport(self, eio_sid: str, *, abort: bool = False) -> None:
+        """Close one Engine.IO connection without waiting on its client (:meth:`LeanSocket.shut`).
+
+        A websocket is closed from this side once CLOSE is written, rather than left for the
+        client to close: otherwise, during ``stop()``, the web server waited out its whole
+        shutdown timeout on the websocket's handler.
+        """
+        socket: LeanSocket | None = self.sio.eio.sockets.get(eio_sid)
+        if socket is not None:
+            await socket.shut(abort=abort)
+
+    async def authenticate(self, sid: str, eio_sid: str, args: list[Any], ack_id: Any) -> None:
+        """An ``authenticate`` event (:class:`.authentication.Authenticator`)."""
+        await self.authenticator.authenticate(sid, eio_sid, args, ack_id)
+
+    async def refresh(
+        self, middleware_version: str, listener_ids: list[ListenerId] | None = None
+    ) -> int:
+        """Recompute held listeners' criteria after a middleware announced a change."""
+        return await self.authenticator.refresh(middleware_version, listener_ids)
+
+    # -- delivery ---------------------------------------------------------------------------
+
+    async def deliver(self, position: str, event: Event) -> None:
+        """Apply one backplane event, read at ``position``: a message, or a control change."""
+        if isinstance(event, MessageEvent):
+            await self._deliver_message(position, event)
+        elif isinstance(event, CriteriaEvent):
+            index = self.indices.get(event.middleware_version)
+            if index is not None:
+                index.update(event.listener_id, event.criteria)
+        elif isinstance(event, SetCriteriaEvent):
+            for listener_id, criteria in event.changes:
+                for index in self.indices.values():
+                    index.update(listener_id, {**criteria, ID_KEY: listener_id})
+        elif isinstance(event, KickEvent):
+            self.metrics.kicks.inc(len(event.ids))
+            for connection in self._sockets_of(event.ids):
+                self.close(
+                    connection, codes.KICKED, event.reason or "kicked", reconnect=event.reconnect
+                )
+
+    def _sockets_of(self, listener_ids: list[ListenerId]) -> list[Connection]:
+        return [
+            connection
+            for index in self.indices.values()
+            for listener_id in listener_ids
+            if not isinstance(listener_id, bool)
+            for connection in list(index.sockets_of(listener_id))
+        ]
+
+    def count(self, audience: list[Query]) -> tuple[int, set[ListenerId]]:
+        """Authenticated sockets of this instance whose criteria match ``audience`` now, and
+        the distinct ids among them."""
+        sockets = 0
+        ids: set[ListenerId] = set()
+        for index in self.indices.values():
+            for connection in index.resolve(audience):
+                sockets += 1
+                if connection.listener_id is not None:
+                    ids.add(connection.listener_id)
+        return sockets, ids
+
+    async def _deliver_message(self, position: str, event: MessageEvent) -> None:
+        index = self.indices.get(event.middleware_version)
+        if index is None:
+            return
+        started = time.perf_counter()
+        connections = index.resolve(event.message.audience)
+        self.metrics.resolution_seconds.observe(time.perf_counter() - started)
+        if not connections:
+            return
+        message = event.message
+        if message.name == DISCONNECT:
+            for connection in connections:
+                if connection.proto == 2:
+                    self.close(connection, codes.DISCONNECT_MESSAGE, "a __disconnect message")
+                elif connection.closing is None:
+                    connection.closing = "disconnect message"
+                    self.spawn(self._disconnect_soon(connection))
+            return
+        encoded = codec.event(message)
+        frame = websocket_frame(b"4" + encoded)  # an Engine.IO MESSAGE
+        positioned: bytes | None = None
+        positioned_frame = b""
+        write = self.writer.write
+        written = 0
+        now = time.monotonic()
+        for connection in connections:
+            if connection.proto == 2:
+                if positioned is None:
+                    positioned = codec.positioned_event(message, position)
+                    positioned_frame = websocket_frame(b"4" + positioned)
+                connection.positioned_at = now
+                if not write(connection, positioned, positioned_frame):
+                    continue
+            elif not write(connection, encoded, frame):
+                continue
+            written += 1
+            if written % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+        self.metrics.deliveries.inc(written)
+
+    def gap(self, position: str, reason: str) -> None:
+        """The history broke: every protocol-2 socket gets ``__gap``; protocol 1 cannot be told."""
+        self.metrics.gaps.labels(reason).inc()
+        packet = codec.gateway_event(codec.GAP_EVENT, {"position": position, "reason": reason})
+        for connection in list(self.positioned):
+            connection.positioned_at = time.monotonic()
+            self.writer.write(connection, packet)
+        others = len(self.connections) - len(self.positioned)
+        if others:
+            logger.warning(
+                "the history broke (%s): %d protocol-1 sockets may have missed messages",
+                reason,
+                others,
+            )
+
+    async def tell_positions(self) -> None:
+        """Forever: ``__position`` to each protocol-2 socket sent nothing positioned for
+        ``position_interval`` seconds, so that it can recover after the window moved on."""
+        interval = self.settings.position_interval
+        while True:
+            await asyncio.sleep(interval / 4)
+            position = self.history.last
+            if position is None:
+                continue
+            packet = codec.gateway_event(codec.POSITION_EVENT, {"position": position})
+            now = time.monotonic()
+            for written, connection in enumerate(list(self.positioned), 1):
+                if now - connection.positioned_at >= interval:
+                    connection.positioned_at = now
+                    self.writer.write(connection, packet)
+                if written % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+
+    def _too_slow(self, connection: Connection) -> None:
+        limit = self.settings.max_buffered_bytes
+        self.close(connection, codes.SLOW, f"over {limit} bytes waiting to be sent")
+
+    async def close_all(self) -> None:
+        """Close every connection with 4012, so that clients reconnect (to another instance).
+
+        Only the transport is closed: a Socket.IO disconnect would tell clients not to come back.
+        """
+        for task in list(self._tasks):
+            task.cancel()
+        for connection in list(self.connections.values()):
+            if connection.closing is None:
+                connection.closing = "shutdown"
+                self.writer.write_alert(
+                    connection,
+                    codec.alert(connection.proto, codes.SHUTDOWN, "this instance is stopping"),
+                )
+            self.authenticator.forget(connection)
+        for deadline in self.deadlines.values():
+            deadline.cancel()
+        self.deadlines.clear()
+        if self.connections:
+            await asyncio.sleep(CLOSE_AFTER)  # long-polling clients fetch their alert meanwhile
+        for eio_sid in list(self.sio.eio.sockets):
+            await self.close_transport(eio_sid, abort=True)
+        await self.sio.shutdown()  # engineio's ping-check task, which would outlive the gateway
+
+    def listener_count(self) -> int:
+        return sum(len(index) for index in self.indices.values())
+
+
+def _refused(sid: str, code: Code, reason: str) -> socketio.exceptions.ConnectionRefusedError:
+    """A refused Socket.IO connect, logged: the client reads ``reason`` and ``{code, reason,
+    reconnect}`` in ``connect_error``."""
+    logger.info("refusing socket %s at connect: %s", sid, reason)
+    return socketio.exceptions.ConnectionRefusedError(reason, code.data())
+
+
+def _forget_headers(environ: Mapping[str, Any]) -> None:
+    """Empty the WSGI environ that python-socketio keeps for the socket's life (~1 KB each).
+
+    engineio copies every request header into it, and no one reads it once connected; it is
+    emptied in place because engineio's own request handler still holds it.
+    """
+    if isinstance(environ, dict):
+        environ.clear()

@@ -1,0 +1,103 @@
+"""Writing to one connection without a task per packet: straight to its websocket, into its
+long-poll queue, or behind a replay under way; a socket over its buffer is slow (4008)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import Final
+
+from ..seams import websocket_frame
+from .connection import Connection
+
+REPLAY_LOW_WATER: Final = 65_536  # a replay writes on while the socket buffers less than this
+
+
+class Writer:
+    """Writes encoded Socket.IO packets to connections; ``slow(connection)`` when one is over
+    ``max_buffered_bytes``."""
+
+    def __init__(
+        self,
+        sockets: Callable[[str], object],
+        slow: Callable[[Connection], None],
+        *,
+        max_buffered_bytes: int = 1_048_576,
+    ) -> None:
+        self._sockets = sockets
+        self._slow = slow
+        self.max_buffered_bytes = max_buffered_bytes
+
+    def write(self, connection: Connection, encoded: bytes, frame: bytes | None = None) -> bool:
+        """Send one packet now, in order with everything sent before; False if it was not."""
+        if connection.closing is not None:
+            return False
+        backlog = connection.backlog
+        if backlog is not None:  # a replay is being written: behind it
+            backlog.append(encoded)
+            connection.backlog_bytes += len(encoded)
+            if connection.backlog_bytes > self.max_buffered_bytes:
+                self._slow(connection)
+                return False
+            return True
+        transport = connection.transport
+        if transport is None:
+            socket = connection.socket
+            if socket is None or socket.closed:
+                return False
+            if socket.transport is None:  # long-polling (or upgrading)
+                if socket.queued_bytes > self.max_buffered_bytes:
+                    self._slow(connection)
+                    return False
+                return socket.enqueue(encoded.decode())
+            transport = connection.transport = socket.transport
+        if transport.is_closing():
+            return False
+        if transport.get_write_buffer_size() > self.max_buffered_bytes:
+            self._slow(connection)
+            return False
+        transport.write(frame if frame is not None else websocket_frame(b"4" + encoded))
+        return True
+
+    def write_alert(self, connection: Connection, encoded: bytes) -> None:
+        """Send a last packet to a connection being closed, ahead of anything waiting."""
+        closing, backlog = connection.closing, connection.backlog
+        connection.closing = connection.backlog = None
+        limit, self.max_buffered_bytes = self.max_buffered_bytes, 1 << 62
+        try:
+            self.write(connection, encoded)
+        finally:
+            connection.closing, connection.backlog = closing, backlog
+            self.max_buffered_bytes = limit
+
+    def buffered(self, connection: Connection) -> int:
+        """Bytes written to this connection that its client has not taken yet."""
+        socket = connection.socket
+        if socket is None:
+            return 0
+        transport = connection.transport or socket.transport
+        if transport is not None:
+            return transport.get_write_buffer_size()
+        return socket.queued_bytes
+
+    async def replay(self, connection: Connection, packets: list[bytes]) -> None:
+        """Write ``packets`` as fast as the client reads them; what is delivered meanwhile waits
+        behind them (:attr:`Connection.backlog`), bounded by ``max_buffered_bytes``."""
+        connection.backlog = backlog = deque(packets)
+        connection.backlog_bytes = sum(map(len, packets))
+        try:
+            while backlog and connection.closing is None:
+                while backlog and self.buffered(connection) < REPLAY_LOW_WATER:
+                    encoded = backlog.popleft()
+                    connection.backlog_bytes -= len(encoded)
+                    connection.backlog = None
+                    written = self.write(connection, encoded)
+                    connection.backlog = backlog
+                    if not written:
+                        return
+                if backlog:
+                    await asyncio.sleep(0.005)
+        finally:
+            connection.backlog = None
+            connection.backlog_bytes = 0
