@@ -70,7 +70,7 @@ def basic_auth(
 
 def message_handler(
     inbound: InboundPlugin,
-    publish: Callable[[Event], Awaitable[None]],
+    publish: Callable[[Event], Awaitable[object]],
     metrics: Metrics,
     *,
     timeout: float = 5.0,

@@ -227,7 +227,7 @@ class Bow:
         logger.info("serving on %s:%d", config.host, self.port)
 
     def _app(
-        self, publish: Callable[[Event], Awaitable[None]], backplane: Backplane
+        self, publish: Callable[[Event], Awaitable[object]], backplane: Backplane
     ) -> web.Application:
         config = self.config
         outbound = self._outbound

@@ -98,7 +98,7 @@ async def test_a_disconnect_message_ends_it_cleanly(gateway: Served) -> None:
 async def test_a_refused_token_ends_it_cleanly(gateway: Served) -> None:
     ended = await listen("--url", gateway.url, "--token", "not-a-token")
     assert ended.code == 1
-    assert "bow-gateway listen: authentication refused: the token was refused" in ended.err
+    assert "bow-gateway listen: authentication refused: auth_refused: the token was refused" in ended.err
     assert_closed_cleanly(ended)
 
 

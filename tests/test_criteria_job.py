@@ -584,7 +584,7 @@ async def test_a_connected_listener_starts_and_another_stops_receiving_after_an_
         )
         summary = await asyncio.to_thread(run, document, spark, incremental=True)
         assert (summary.written, summary.removed) == (2, 0)
-        index = bow._outbound._indices["1"]  # type: ignore[union-attr]
+        index = bow._outbound.indices["1"]  # type: ignore[union-attr]
         for _ in range(200):
             if "admin" in index.criteria_of("alice").get("role", []):
                 break

@@ -118,7 +118,7 @@ async def test_a_gateway_delivers_by_database_criteria_and_refuses_unknown_liste
     unknown = await gateway.connect()
     await unknown.client.emit("authenticate", (token("USER/9"),), callback=lambda *_: None)
     await unknown.wait_disconnected()
-    assert unknown.alerts == ["no listener 'USER/9' in the database"]
+    assert unknown.alerts == ["auth_refused: no listener 'USER/9' in the database"]
     await gateway.push({"name": "post", "audience": [{"blogId": 418}]})
     await gateway.sentinel([{"role": "admin"}], admin)
     assert await author.expect("post") == {"name": "post", "audience": [{"blogId": 418}]}

@@ -56,7 +56,7 @@ async def test_connection_lifecycle_and_refusals_are_logged_without_secrets(
     text = "\n".join(messages)
     assert any("connected to outbound v1.3" in m for m in messages)
     assert any("authenticated as listener 'USER/1'" in m for m in messages)
-    assert any("refusing socket" in m and "invalid token" in m for m in messages)
+    assert any("closing socket" in m and "invalid token" in m for m in messages)
     assert any("refused POST /v1.2/messages" in m and "422" in m for m in messages)
     assert any("wrong credentials" in m for m in messages)
     for secret in (good, forged, PASSWORD, SECRET, AUTH["Authorization"].split()[1]):

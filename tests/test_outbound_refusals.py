@@ -125,7 +125,7 @@ async def test_criteria_fn_raising_lookup_error_is_refused_with_its_message(
     victim = await gateway.connect()
     await victim.client.emit("authenticate", ("bad",), callback=lambda *_: None)
     alert = await refused_alone(gateway, victim, bystander, [{"room": "lobby"}])
-    assert alert == "listener 'BAD' has no precomputed criteria"
+    assert alert == "auth_refused: listener 'BAD' has no precomputed criteria"
 
 
 @pytest.mark.parametrize(

@@ -278,7 +278,7 @@ async def test_middleware_that_watches_re_indexes_listeners_without_reconnecting
         await client.connect("1")
         await client.authenticate(name)
     try:
-        index = bow._outbound._indices["1"]  # type: ignore[union-attr]
+        index = bow._outbound.indices["1"]  # type: ignore[union-attr]
 
         async def refreshed(listener_id: str, criteria: dict[str, Any]) -> None:
             for _ in range(100):
@@ -354,7 +354,7 @@ async def test_a_change_announced_while_a_listener_authenticates_is_not_lost(
         await asyncio.sleep(0.2)  # the refresh runs now, and finds carol not indexed yet
         middleware.release.set()
         await authenticated
-        index = bow._outbound._indices["1"]  # type: ignore[union-attr]
+        index = bow._outbound.indices["1"]  # type: ignore[union-attr]
         for _ in range(100):
             if index.criteria_of("carol") == {"role": "admin", "__id": "carol"}:
                 break

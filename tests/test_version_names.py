@@ -84,7 +84,10 @@ async def test_an_unknown_version_is_refused_listing_the_versions_as_configured(
     with pytest.raises(socketio.exceptions.ConnectionError):
         await listener.connect("v9")
     assert refusals == [
-        {"message": "unknown outbound version 'v9': this gateway serves 2, v1.3"}
+        {
+            "message": "unknown outbound version 'v9': this gateway serves 2, v1.3",
+            "data": {"code": 4020, "reason": "unknown_version", "reconnect": "never"},
+        }
     ], refusals
 
 

@@ -10,23 +10,51 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, Protocol
 
 from .. import codes
 from ..codes import Code
 from ..criteria import ID_KEY, Criteria, ListenerId, validate_criteria, validate_listener_details
-from ..history import DISABLED, Recovery
-from ..index import entries_of, matches
-from ..message import CriteriaEvent
-from ..plugins import OutboundPlugin, WatchesCriteria
+from ..history import DISABLED, History, Recovery
+from ..index import CriteriaIndex, IndexKey, entries_of, matches
+from ..message import CriteriaEvent, Event
+from ..metrics import Metrics
+from ..plugins import CreateCriteriaFromListenerDetails, OutboundPlugin, WatchesCriteria
 from ..userfn import call_user_function, describe
 from . import codec
-from .connection import Connection
-from .sockets import logger
+from .connection import Connection, Settings, logger
+from .writer import Writer
 
-if TYPE_CHECKING:
-    from .sockets import SocketOutbound
+
+class Sockets(Protocol):
+    """What authentication needs of the outbound (:class:`~.sockets.SocketOutbound`)."""
+
+    connections: dict[str, Connection]
+    deadlines: dict[str, asyncio.TimerHandle]
+    indices: Mapping[str, CriteriaIndex[Connection]]
+    middlewares: Mapping[str, CreateCriteriaFromListenerDetails]
+    settings: Settings
+    history: History
+    metrics: Metrics
+    writer: Writer
+    publish: Callable[[Event], Awaitable[object]]
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
+
+    def index(self, connection: Connection, key: IndexKey, criteria: Criteria) -> None: ...
+
+    def unindex(self, connection: Connection) -> None: ...
+
+    def close(
+        self,
+        connection: Connection,
+        code: Code,
+        text: str,
+        *,
+        kind: str | None = None,
+        reconnect: str | None = None,
+    ) -> None: ...
 
 
 class Refusal(Exception):
@@ -42,7 +70,7 @@ class Authenticator:
 
     def __init__(
         self,
-        outbound: SocketOutbound,
+        outbound: Sockets,
         *,
         claim: Callable[[str, str, int], Awaitable[bool]] | None = None,
         release: Callable[[str, str], Awaitable[None]] | None = None,
@@ -87,7 +115,7 @@ class Authenticator:
             details, criteria = await self._criteria_for(connection, token)
         except Refusal as refusal:
             outbound.metrics.authentications.labels(version, "refused").inc()
-            outbound.close(connection, refusal.code, str(refusal))
+            outbound.close(connection, refusal.code, str(refusal), kind="refused")
             return
         if outbound.connections.get(connection.sid) is not connection or connection.closing:
             return  # disconnected (or timed out) while the user's functions ran
@@ -257,7 +285,7 @@ class Authenticator:
         except LookupError as error:  # the middleware does not know this listener: say so
             logger.info("%s refused listener %r: %s", describe(criteria_fn), listener_id, error)
             raise Refusal(str(error)) from None
-        except Exception:
+        except Exception:  # noqa: BLE001 - logged with its traceback, then a refusal
             logger.exception("%s raised for listener %r", describe(criteria_fn), listener_id)
             raise Refusal(f"no criteria could be built for listener {listener_id!r}") from None
         try:

@@ -11,8 +11,11 @@ from typing import Any
 from ..criteria import ListenerId
 from ..index import IndexKey
 from ..plugins import OutboundPlugin
-from ..ratelimit import TokenBucket
+from ..ratelimit import TokenBucket, rate_limited
 from ..seams import LeanSocket
+
+# A line or two per connection: rate-limited, since clients choose how many connections to open
+logger = rate_limited("bow_gateway.outbound", rate=50.0, burst=500.0)
 
 
 @dataclass(frozen=True, slots=True)

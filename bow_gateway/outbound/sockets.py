@@ -31,16 +31,14 @@ from ..message import (
 )
 from ..metrics import Metrics
 from ..plugins import CreateCriteriaFromListenerDetails, OutboundPlugin
-from ..ratelimit import rate_limited
 from ..seams import LeanSocket, socketio_server, websocket_frame
 from . import codec
-from .connection import Connection, Settings
+from .authentication import Authenticator
+from .connection import Connection, Settings, logger
 from .writer import Writer
 
-# A line or two per connection: rate-limited, since clients choose how many connections to open
-logger = rate_limited("bow_gateway.outbound", rate=50.0, burst=500.0)
-
 YIELD_EVERY: Final = 1_000  # sockets written between two yields to the event loop
+DEFAULT_SETTINGS: Final = Settings()
 CLOSE_AFTER: Final = 0.05  # seconds between a fatal alert and the disconnect that follows it
 
 
@@ -61,7 +59,7 @@ class SocketOutbound:
         indices: Mapping[str, CriteriaIndex[Connection]],
         publish: Callable[[Event], Awaitable[object]],
         history: History | None = None,
-        settings: Settings = Settings(),
+        settings: Settings = DEFAULT_SETTINGS,
         claim: Callable[[str, str, int], Awaitable[bool]] | None = None,
         release: Callable[[str, str], Awaitable[None]] | None = None,
         max_incoming_bytes: int = 16_384,
@@ -70,8 +68,6 @@ class SocketOutbound:
         cors_origins: list[str] | None = None,
         metrics: Metrics | None = None,
     ) -> None:
-        from .authentication import Authenticator  # it needs this class's connections
-
         self._outbounds = outbounds
         self.middlewares = middlewares
         self.indices = indices
@@ -413,6 +409,7 @@ class SocketOutbound:
         for connection in list(self.connections.values()):
             if connection.closing is None:
                 connection.closing = "shutdown"
+            if connection.proto == 2:  # protocol 1 sees a clean close, as in Bow
                 self.writer.write_alert(
                     connection,
                     codec.alert(connection.proto, codes.SHUTDOWN, "this instance is stopping"),
@@ -421,7 +418,7 @@ class SocketOutbound:
         for deadline in self.deadlines.values():
             deadline.cancel()
         self.deadlines.clear()
-        if self.connections:
+        if self.positioned:
             await asyncio.sleep(CLOSE_AFTER)  # long-polling clients fetch their alert meanwhile
         for eio_sid in list(self.sio.eio.sockets):
             await self.close_transport(eio_sid, abort=True)
