@@ -107,6 +107,56 @@ class _OutboundSchema(Schema):
         validate=validate.Length(min=1, error="must name at least one transport"),
     )
     cors_origins = _OriginsField(load_default=list)
+    expiry_grace = fields.Float(load_default=25.0, validate=validate.Range(min=0))
+    expire_v1_sockets = fields.Boolean(load_default=False)
+    max_event_bytes = fields.Integer(
+        load_default=262_144, validate=validate.Range(min=64, error="must be at least {min} bytes")
+    )
+    max_sockets_per_id = fields.Integer(
+        load_default=100, validate=validate.Range(min=0, error="must be 0 (no limit) or more")
+    )
+    max_authenticates_per_minute = fields.Integer(load_default=12, validate=validate.Range(min=1))
+
+
+class _RecoverySchema(Schema):
+    enabled = fields.Boolean(load_default=True)
+    max_age = fields.Float(
+        load_default=120.0,
+        validate=validate.Range(min=0, min_inclusive=False, error="must be positive"),
+    )
+    max_count = fields.Integer(load_default=10_000, validate=validate.Range(min=1))
+    max_replay = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
+    position_interval = fields.Float(
+        load_default=30.0,
+        validate=validate.Range(min=0, min_inclusive=False, error="must be positive"),
+    )
+
+
+_PREFIX = re.compile(r"(/[A-Za-z0-9._~!$&'()*+,;=:@%-]+)+")
+
+
+def _check_prefix(prefix: str) -> None:
+    if prefix == "/" or not _PREFIX.fullmatch(prefix):
+        raise ValidationError(
+            "must be a path like /_bow: starting with '/', not '/' alone, without an empty "
+            "segment, a trailing '/', a query or spaces"
+        )
+    if prefix == "/socket.io" or prefix.startswith("/socket.io/"):
+        raise ValidationError("must not be under /socket.io/, which needs no credentials")
+
+
+class _ApiSchema(Schema):
+    prefix = fields.String(load_default="/_bow", validate=_check_prefix)
+    max_batch = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
+    count_max_ids = fields.Integer(load_default=10_000, validate=validate.Range(min=0))
+    count_timeout = fields.Float(
+        load_default=0.5,
+        validate=validate.Range(min=0, min_inclusive=False, max=60, error="must be in (0, 60]"),
+    )
+    max_counts_per_second = fields.Float(
+        load_default=20.0,
+        validate=validate.Range(min=0, min_inclusive=False, error="must be positive"),
+    )
 
 
 class _MetricsSchema(Schema):
@@ -147,6 +197,8 @@ class _ConfigSchema(Schema):
     middleware = fields.Nested(_MiddlewareSchema, load_default=dict)
     inbound = fields.Nested(_InboundSchema, required=True)
     outbound = fields.Nested(_OutboundSchema, required=True)
+    recovery = fields.Nested(_RecoverySchema, load_default=dict)
+    api = fields.Nested(_ApiSchema, load_default=dict)
 
 
 @dataclass(frozen=True)
@@ -181,6 +233,21 @@ class Config:
     transports: list[str]
     cors_origins: list[str]
     """Origins of pages that may connect across origins; ``["*"]`` for any, ``[]`` for none."""
+    expiry_grace: float = 25.0
+    expire_v1_sockets: bool = False
+    max_event_bytes: int = 262_144
+    max_sockets_per_id: int = 100
+    max_authenticates_per_minute: int = 12
+    recovery_enabled: bool = True
+    recovery_max_age: float = 120.0
+    recovery_max_count: int = 10_000
+    recovery_max_replay: int = 1_000
+    position_interval: float = 30.0
+    api_prefix: str = "/_bow"
+    api_max_batch: int = 1_000
+    count_max_ids: int = 10_000
+    count_timeout: float = 0.5
+    max_counts_per_second: float = 20.0
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.https is None or isinstance(self.https, ssl.SSLContext):
@@ -199,6 +266,8 @@ def load_config(raw: Mapping[str, Any]) -> Config:
     raw = dict(raw)
     if raw.get("middleware") is None:
         raw.pop("middleware", None)
+    for section in ("recovery", "api"):  # their defaults come from loading an empty table
+        raw.setdefault(section, {})
     try:
         data = _ConfigSchema().load(raw)
     except ValidationError as error:
@@ -232,4 +301,19 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         max_connects_per_second=data["outbound"]["max_connects_per_second"],
         transports=data["outbound"]["transports"],
         cors_origins=data["outbound"]["cors_origins"],
+        expiry_grace=data["outbound"]["expiry_grace"],
+        expire_v1_sockets=data["outbound"]["expire_v1_sockets"],
+        max_event_bytes=data["outbound"]["max_event_bytes"],
+        max_sockets_per_id=data["outbound"]["max_sockets_per_id"],
+        max_authenticates_per_minute=data["outbound"]["max_authenticates_per_minute"],
+        recovery_enabled=data["recovery"]["enabled"],
+        recovery_max_age=data["recovery"]["max_age"],
+        recovery_max_count=data["recovery"]["max_count"],
+        recovery_max_replay=data["recovery"]["max_replay"],
+        position_interval=data["recovery"]["position_interval"],
+        api_prefix=data["api"]["prefix"],
+        api_max_batch=data["api"]["max_batch"],
+        count_max_ids=data["api"]["count_max_ids"],
+        count_timeout=data["api"]["count_timeout"],
+        max_counts_per_second=data["api"]["max_counts_per_second"],
     )

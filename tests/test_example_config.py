@@ -17,7 +17,7 @@ from bow_gateway.config import _ConfigSchema, _HttpsSchema
 EXAMPLE = Path(__file__).resolve().parent.parent / "deploy" / "gateway.example.toml"
 
 # A commented-out key or table: "# key = value" or "# [table]" / "# [[tables]]".
-COMMENTED = re.compile(r"^# ?((?:\[\[?[A-Za-z_.]+\]\]?)|(?:[A-Za-z_]+ = .*))$")
+COMMENTED = re.compile(r"^# ?((?:\[\[?[A-Za-z_.]+\]\]?)|(?:[A-Za-z_][A-Za-z0-9_]* = .*))$")
 
 # The plugin tables of a standalone file (bow_gateway/plugin_tables.py), beside the schema's keys.
 PLUGIN_TABLES = {

@@ -203,6 +203,24 @@ def test_every_documented_variable_is_derived_from_the_configuration() -> None:
     assert all(name.startswith("BOW_") for name in names)
 
 
+def test_the_recovery_and_api_sections_are_set_from_the_environment() -> None:
+    environ = {
+        "BOW_RECOVERY_ENABLED": "false",
+        "BOW_RECOVERY_MAX_REPLAY": "50",
+        "BOW_API_PREFIX": "/_control",
+        "BOW_API_COUNT_TIMEOUT": "1.5",
+        "BOW_OUTBOUND_MAX_EVENT_BYTES": "1024",
+    }
+    settings = load_settings(None, environ)
+    config = build_bow(settings).config
+    assert (config.recovery_enabled, config.recovery_max_replay) == (False, 50)
+    assert (config.api_prefix, config.count_timeout) == ("/_control", 1.5)
+    assert config.max_event_bytes == 1024
+    assert settings.environment["api.prefix"] == "BOW_API_PREFIX"
+    with pytest.raises(ValueError, match=r"api.prefix: .*api.prefix is set by BOW_API_PREFIX"):
+        load_settings(None, {"BOW_API_PREFIX": "/"})
+
+
 def test_a_bad_value_from_the_environment_names_the_variable() -> None:
     with pytest.raises(ValueError, match=r"port: .*port is set by BOW_PORT"):
         load_settings(None, {"BOW_PORT": "eighty"})
