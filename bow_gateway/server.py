@@ -13,6 +13,7 @@ from aiohttp import web
 
 from .backplanes import Backplane, backplane_from_config
 from .config import Config, load_config
+from .control import Control, check_inbound_paths
 from .criteria import ListenerId
 from .gc_freeze import freeze_after_connects, release_closed_transports
 from .http_server import app_runner, handshake_limits
@@ -74,6 +75,7 @@ class Bow:
             on_restart=lambda name: self.metrics.task_restarts.labels(name).inc()
         )
         self._consumer: asyncio.Task[None] | None = None
+        self._control: Control | None = None  # the control endpoints' operations, once started
 
     # -- registration -----------------------------------------------------------------------
 
@@ -104,6 +106,7 @@ class Bow:
             raise ValueError(f"inbound path must be a string starting with '/', not {path!r}")
         if path == HEALTH_PATH or path.startswith(SOCKETIO_PATH):
             raise ValueError(f"inbound path {path!r} is reserved by the gateway")
+        check_inbound_paths([path], self.config.api_prefix)
         if path in self._inbounds:
             raise ValueError(f"inbound path {path!r} is already registered")
         _callable("create_message_from_request_body", create_message_from_request_body)
@@ -141,6 +144,26 @@ class Bow:
         self._health_check = decorator
         return self
 
+    # -- control (contract section 9), once started ----------------------------------------
+
+    async def set_criteria(self, changes: Any) -> str:
+        """``POST /_bow/criteria`` as a coroutine: ``{"id", "criteria"}`` or a list of them;
+        returns the change's position. ``ValueError`` names the field and index."""
+        return await self._started_control().set_criteria(changes)
+
+    async def disconnect(self, ids: Any, reason: Any = "", reconnect: Any = "new_token") -> str:
+        """``POST /_bow/disconnect``: every socket of ``ids`` gets 4005, then a disconnect."""
+        return await self._started_control().disconnect(ids, reason, reconnect)
+
+    async def count(self, audience: Any) -> dict[str, Any]:
+        """``POST /_bow/count``: ``{"sockets", "listeners", "complete"}`` for ``audience``."""
+        return await self._started_control().count(audience)
+
+    def _started_control(self) -> Control:
+        if self._control is None or self._stopping:
+            raise RuntimeError("this Bow is not started")
+        return self._control
+
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -156,14 +179,18 @@ class Bow:
         await backplane.connect()
         self._backplane = backplane
 
-        async def publish(event: Event) -> None:
-            await backplane.publish(encode_event(event))
+        async def publish(event: Event) -> str:
+            """Put ``event`` on the backplane; its position there."""
+            # Until Backplane.publish returns the position (the backplanes branch): "".
+            written: Awaitable[object] = backplane.publish(encode_event(event))
+            position = await written
+            return position if isinstance(position, str) else ""
 
         self._outbound = outbound = SocketOutbound(
             outbounds=self._outbounds,
             middlewares=self._middlewares,
             indices={version: CriteriaIndex() for version in self._middlewares},
-            publish=publish,
+            publish=publish,  # type: ignore[arg-type]  # until the outbound takes Awaitable[str]
             auth_timeout=config.auth_timeout,
             max_buffered_bytes=config.max_buffered_bytes,
             max_incoming_bytes=config.max_incoming_bytes,
@@ -196,7 +223,7 @@ class Bow:
         logger.info("serving on %s:%d", config.host, self.port)
 
     def _app(
-        self, publish: Callable[[Event], Awaitable[None]], backplane: Backplane
+        self, publish: Callable[[Event], Awaitable[str]], backplane: Backplane
     ) -> web.Application:
         config = self.config
         outbound = self._outbound
@@ -223,8 +250,11 @@ class Bow:
                 timeout=config.inbound_timeout,
                 max_queries=config.max_queries,
                 max_predicates=config.max_predicates,
+                max_event_bytes=config.max_event_bytes,
             )
             app.router.add_post(spec.path, handler)
+        self._control = Control(config, publish, backplane)
+        self._control.add_routes(app, self._inbounds)
         app.router.add_get(
             HEALTH_PATH,
             health_handler(
