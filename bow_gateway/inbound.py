@@ -1,8 +1,9 @@
 """The HTTP inbound: Basic Auth first, then ``POST {path}`` turns a JSON body into a message.
 
 Statuses, as the contract says: 401 without valid credentials (whatever the path, so that no one
-learns which paths exist), then 404, 405, 413, 422, 503 (with ``Retry-After``), and 204 once the
-message is on the backplane; 408 for a body that does not arrive in time, 400 for one that does
+learns which paths exist), then 404, 405, 413 (the body, or the event over
+``outbound.max_event_bytes``), 422, 503 (with ``Retry-After``), and 204 with ``Bow-Position`` once
+the message is on the backplane; 408 for a body that does not arrive in time, 400 for one that does
 not decode.
 """
 
@@ -13,14 +14,14 @@ import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import BasicAuth, hdrs, web
 from aiohttp.typedefs import Middleware
 
 from .backplanes import BackplaneUnavailable
 from .http_server import request_timeout
-from .message import Event, MessageEvent, parse_json, validate_message
+from .message import Event, MessageEvent, event_bytes, parse_json, validate_message
 from .metrics import Metrics
 from .plugins import HealthCheck, InboundPlugin
 from .userfn import call_user_function, describe
@@ -70,15 +71,16 @@ def basic_auth(
 
 def message_handler(
     inbound: InboundPlugin,
-    publish: Callable[[Event], Awaitable[object]],
+    publish: Callable[[Event], Awaitable[str]],
     metrics: Metrics,
     *,
     timeout: float = 5.0,
     max_queries: int = 1_000,
     max_predicates: int = 32,
+    max_event_bytes: int = 262_144,
 ) -> Handler:
     """The aiohttp handler of one inbound path; ``timeout`` bounds both the body's arrival and
-    the message function."""
+    the message function. ``publish`` returns the event's position (the ``Bow-Position``)."""
     create_message = inbound.create_message_from_request_body
     middleware_version = inbound.middleware_version
     accepted = metrics.messages_accepted.labels(inbound.path)
@@ -99,39 +101,56 @@ def message_handler(
         return response
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        if not request.body_exists:
-            raise _unprocessable(NO_BODY)
-        _check_json_content_type(request)
-        body = await _read(request, timeout)
-        if not body.strip():
-            raise _unprocessable(NO_BODY)
-        try:
-            document = parse_json(body)
-        except ValueError as error:
-            raise _unprocessable(f"the body is not JSON: {error}") from None
+        document = await read_json(request, timeout)
         try:
             raw = await call_user_function(create_message, document, timeout)
         except TimeoutError:
             late = TimeoutError(f"{describe(create_message)} did not answer within {timeout:g} s")
-            raise _unavailable(1) from late
+            raise unavailable(1) from late
         except Exception as error:  # noqa: BLE001 - the user's function refused the body
-            raise _unprocessable(f"the body was refused: {error}") from None
+            raise unprocessable(f"the body was refused: {error}") from None
         try:
             message = validate_message(raw, max_queries=max_queries, max_predicates=max_predicates)
         except ValueError as error:
-            raise _unprocessable(f"invalid message: {error}") from None
+            raise unprocessable(f"invalid message: {error}") from None
         try:
-            await publish(MessageEvent(middleware_version, message, time.time()))
+            size = event_bytes(message)
         except ValueError as error:  # the user's message_fn made a payload JSON cannot hold
-            raise _unprocessable(f"invalid message: the payload is {error}") from None
+            raise unprocessable(f"invalid message: the payload is {error}") from None
+        if size > max_event_bytes:
+            raise web.HTTPRequestEntityTooLarge(
+                max_event_bytes,
+                size,
+                text=f"413: the event (the compact JSON of [name, payload]) is {size} bytes, over "
+                f"outbound.max_event_bytes ({max_event_bytes})",
+            )
+        try:
+            position = await publish(MessageEvent(middleware_version, message, time.time()))
         except BackplaneUnavailable as error:
-            raise _unavailable(error.retry_after) from error
-        return web.Response(status=204)
+            raise unavailable(error.retry_after) from error
+        return web.Response(status=204, headers={POSITION_HEADER: position})
 
     return counted
 
 
 NO_BODY: Final = "the request has no body: send a JSON message"
+POSITION_HEADER: Final = "Bow-Position"
+"""The ``204``'s header: the accepted event's position, as sockets get it in ``meta.position``."""
+
+
+async def read_json(request: web.Request, timeout: float) -> Any:
+    """The request's JSON body, within ``timeout`` s: 422 without one, sent as another type or
+    not JSON; 408 late; 400 undecodable; 413 over the app's ``client_max_size``."""
+    if not request.body_exists:
+        raise unprocessable(NO_BODY)
+    _check_json_content_type(request)
+    body = await _read(request, timeout)
+    if not body.strip():
+        raise unprocessable(NO_BODY)
+    try:
+        return parse_json(body)
+    except ValueError as error:
+        raise unprocessable(f"the body is not JSON: {error}") from None
 
 
 def _check_json_content_type(request: web.Request) -> None:
@@ -139,10 +158,10 @@ def _check_json_content_type(request: web.Request) -> None:
     browser post, cannot send ``application/json``, so cached Basic credentials cannot be
     abused to push (CSRF)."""
     if hdrs.CONTENT_TYPE not in request.headers:
-        raise _unprocessable("the request has no Content-Type: send the body as application/json")
+        raise unprocessable("the request has no Content-Type: send the body as application/json")
     declared = request.content_type  # lower case, without parameters such as charset
     if declared != "application/json" and not declared.endswith("+json"):
-        raise _unprocessable(
+        raise unprocessable(
             f"the body must be sent as application/json (or */*+json), not {declared!r}"
         )
 
@@ -166,13 +185,13 @@ async def _read(request: web.Request, timeout: float) -> bytes:
         ) from None
 
 
-def _unprocessable(reason: str, limit: int = 2_000) -> web.HTTPException:
+def unprocessable(reason: str, limit: int = 2_000) -> web.HTTPException:
     if len(reason) > limit:  # a message function's own words may be long
         reason = reason[:limit] + f"... ({len(reason) - limit} more characters)"
     return web.HTTPUnprocessableEntity(text=f"422: {reason}")
 
 
-def _unavailable(retry_after: float) -> web.HTTPException:
+def unavailable(retry_after: float) -> web.HTTPException:
     """``503``: nothing internal in the body (a Redis address); the log gets the cause."""
     return web.HTTPServiceUnavailable(
         text="503: the gateway cannot take messages now: retry later",

@@ -26,11 +26,29 @@ RESERVED_NAMES: Final = frozenset(
 """Names Socket.IO clients give their own events, and the gateway's ``alert``: a message under one
 of them would fire the clients' lifecycle handlers, so the inbound refuses it."""
 
+GATEWAY_PREFIX: Final = "__"
+"""Names starting with it are the gateway's own events (``__position``, ``__gap``): a message may
+use only :data:`DISCONNECT`, so that they can be neither forged nor shadowed."""
+
 EMPTY_QUERY_ERROR: Final = "a query needs at least one predicate ({{}} would silently match nobody)"
 RESERVED_NAME_ERROR: Final = (
     "{input!r} is reserved: Socket.IO clients (connect, connect_error, disconnect, disconnecting, "
     "newListener, removeListener) and the gateway (alert) use it for their own events"
 )
+
+GATEWAY_NAME_ERROR: Final = (
+    "{input!r} is reserved: names starting with __ are the gateway's own events "
+    "(a message may use only __disconnect)"
+)
+
+
+def _reserved(name: str) -> bool:
+    return name in RESERVED_NAMES or (name.startswith(GATEWAY_PREFIX) and name != DISCONNECT)
+
+
+def _check_gateway_name(name: str) -> None:
+    if name.startswith(GATEWAY_PREFIX) and name != DISCONNECT:
+        raise ValidationError(GATEWAY_NAME_ERROR.format(input=name))
 
 
 class _MessageSchema(Schema):
@@ -42,6 +60,7 @@ class _MessageSchema(Schema):
         validate=[
             validate.Length(min=1, error="must not be empty"),
             validate.NoneOf(RESERVED_NAMES, error=RESERVED_NAME_ERROR),
+            _check_gateway_name,
         ],
     )
     payload = fields.Raw(allow_none=True)
@@ -151,7 +170,7 @@ def _plainly_valid(value: Mapping[str, Any]) -> Message | None:
     finds the words for everything else.
     """
     name, audience = value.get("name"), value.get("audience")
-    if type(name) is not str or not name or name in RESERVED_NAMES or type(audience) is not list:
+    if type(name) is not str or not name or _reserved(name) or type(audience) is not list:
         return None
     for query in audience:
         if not _plain_query(query):
@@ -165,6 +184,12 @@ def _plain_query(query: Any) -> bool:
     if type(query) is not dict or not query:
         return False
     return all(type(key) is str and is_scalar(predicate) for key, predicate in query.items())
+
+
+def event_bytes(message: Message) -> int:
+    """The size the event takes for a socket: the compact JSON of ``[name, payload]`` (``[name]``
+    without payload), UTF-8; ``ValueError`` for a payload JSON cannot hold."""
+    return len(dumps([message.name, message.payload] if message.has_payload else [message.name]))
 
 
 def parse_json(body: bytes) -> Any:

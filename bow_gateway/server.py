@@ -13,6 +13,7 @@ from aiohttp import web
 
 from .backplanes import Backplane, Gap, backplane_from_config
 from .config import Config, load_config
+from .control import Control, check_inbound_paths, count_answer
 from .criteria import ListenerId
 from .gc_freeze import freeze_after_connects, release_closed_transports
 from .history import History
@@ -26,7 +27,6 @@ from .message import (
     MessageEvent,
     SetCriteriaEvent,
     decode_event,
-    dumps,
     encode_event,
 )
 from .metrics import Metrics
@@ -85,6 +85,7 @@ class Bow:
         )
         self._consumer: asyncio.Task[None] | None = None
         self._history = History(lambda position: None)
+        self._control: Control | None = None  # the control endpoints' operations, once started
 
     # -- registration -----------------------------------------------------------------------
 
@@ -115,6 +116,7 @@ class Bow:
             raise ValueError(f"inbound path must be a string starting with '/', not {path!r}")
         if path == HEALTH_PATH or path.startswith(SOCKETIO_PATH):
             raise ValueError(f"inbound path {path!r} is reserved by the gateway")
+        check_inbound_paths([path], self.config.api_prefix)
         if path in self._inbounds:
             raise ValueError(f"inbound path {path!r} is already registered")
         _callable("create_message_from_request_body", create_message_from_request_body)
@@ -151,6 +153,26 @@ class Bow:
         _callable("health_check", decorator)
         self._health_check = decorator
         return self
+
+    # -- control (contract section 9), once started ----------------------------------------
+
+    async def set_criteria(self, changes: Any) -> str:
+        """``POST /_bow/criteria`` as a coroutine: ``{"id", "criteria"}`` or a list of them;
+        returns the change's position. ``ValueError`` names the field and index."""
+        return await self._started_control().set_criteria(changes)
+
+    async def disconnect(self, ids: Any, reason: Any = "", reconnect: Any = "new_token") -> str:
+        """``POST /_bow/disconnect``: every socket of ``ids`` gets 4005, then a disconnect."""
+        return await self._started_control().disconnect(ids, reason, reconnect)
+
+    async def count(self, audience: Any) -> dict[str, Any]:
+        """``POST /_bow/count``: ``{"sockets", "listeners", "complete"}`` for ``audience``."""
+        return await self._started_control().count(audience)
+
+    def _started_control(self) -> Control:
+        if self._control is None or self._stopping:
+            raise RuntimeError("this Bow is not started")
+        return self._control
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -227,7 +249,7 @@ class Bow:
         logger.info("serving on %s:%d", config.host, self.port)
 
     def _app(
-        self, publish: Callable[[Event], Awaitable[object]], backplane: Backplane
+        self, publish: Callable[[Event], Awaitable[str]], backplane: Backplane
     ) -> web.Application:
         config = self.config
         outbound = self._outbound
@@ -254,8 +276,11 @@ class Bow:
                 timeout=config.inbound_timeout,
                 max_queries=config.max_queries,
                 max_predicates=config.max_predicates,
+                max_event_bytes=config.max_event_bytes,
             )
             app.router.add_post(spec.path, handler)
+        self._control = Control(config, publish, backplane)
+        self._control.add_routes(app, self._inbounds)
         app.router.add_get(
             HEALTH_PATH,
             health_handler(
@@ -378,8 +403,7 @@ class Bow:
                 self._remember(entry.position, event)  # first: a recovery meanwhile ends here
                 if isinstance(event, CountEvent):
                     sockets, ids = outbound.count(event.audience)
-                    known = None if len(ids) > self.config.count_max_ids else list(ids)
-                    answer = dumps({"sockets": sockets, "ids": known})
+                    answer = count_answer((sockets, ids), self.config.count_max_ids)
                     outbound.spawn(backplane.answer(event.request_id, answer))
                     continue
                 await outbound.deliver(entry.position, event)

@@ -446,3 +446,73 @@ async def test_a_failing_health_check_does_not_tell_its_error(
     async with http.get(f"http://127.0.0.1:{bow.port}/health") as response:
         assert response.status == 503
         assert "10.1.2.3" not in await response.text()
+
+
+# -- protocol 2: event size, gateway names, positions -------------------------------------------
+
+
+def sized_bow(max_event_bytes: int) -> Bow:
+    """An inbound whose message is ``{"name": "X", "payload": body["p"]}`` (no payload without
+    ``p``): the event is ``["X","<p>"]``, 8 bytes more than ``p``."""
+    config = base_config()
+    config["outbound"] = {**config["outbound"], "max_event_bytes": max_event_bytes}
+
+    def create(body: Any) -> Any:
+        message = {"name": body.get("name", "X"), "audience": []}
+        return {**message, "payload": body["p"]} if "p" in body else message
+
+    return (
+        Bow(config)
+        .middleware(version="1", create_criteria_from_listener_details=lambda details: {})
+        .inbound(path="/in", create_message_from_request_body=create, middleware_version="1")
+    )
+
+
+async def test_an_event_at_max_event_bytes_is_accepted_and_one_byte_more_gets_413(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    bow = await start_bow(sized_bow(1_000))
+    target = f"http://127.0.0.1:{bow.port}/in"
+    async with http.post(target, json={"p": "é" * 496}, headers=AUTH) as response:
+        assert response.status == 204  # 992 UTF-8 bytes of payload: exactly 1,000
+    async with http.post(target, json={"p": "x" * 993}, headers=AUTH) as response:
+        assert response.status == 413
+        text = await response.text()
+    assert "1001 bytes" in text and "outbound.max_event_bytes (1000)" in text
+
+
+async def test_an_event_without_payload_is_measured_as_name_alone(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    bow = await start_bow(sized_bow(64))
+    target = f"http://127.0.0.1:{bow.port}/in"
+    async with http.post(target, json={"name": "n" * 60}, headers=AUTH) as response:
+        assert response.status == 204  # ["nnn...n"]: 64 bytes
+    async with http.post(target, json={"name": "n" * 61}, headers=AUTH) as response:
+        assert response.status == 413
+
+
+@pytest.mark.parametrize("name", ["__x", "__position", "__gap", "__", "__disconnect_"])
+async def test_a_name_starting_with_two_underscores_gets_422(push: Push, name: str) -> None:
+    response = await push({"name": name, "audience": [{"role": "admin"}]})
+    assert response.status == 422
+    text = await response.text()
+    assert f"name: {name!r} is reserved" in text and "__disconnect" in text
+
+
+async def test_disconnect_is_the_one_gateway_name_a_message_may_use(push: Push) -> None:
+    assert (await push({"name": "__disconnect", "audience": []})).status == 204
+
+
+async def test_an_accepted_message_answers_204_with_its_position(push: Push) -> None:
+    response = await push(MESSAGE)
+    assert response.status == 204
+    assert "Bow-Position" in response.headers
+
+
+@pytest.mark.parametrize("path", ["/_bow", "/_bow/count", "/_bow/v1/messages"])
+def test_an_inbound_path_under_the_control_prefix_is_a_value_error(path: str) -> None:
+    with pytest.raises(ValueError, match=r"under api\.prefix '/_bow'"):
+        standard_bow().inbound(
+            path=path, create_message_from_request_body=lambda b: b, middleware_version="v1.1"
+        )

@@ -1,0 +1,272 @@
+"""The backend control endpoints (contract section 9), and the same as ``Bow``'s coroutines.
+
+``POST {api.prefix}/criteria`` replaces the criteria of every socket of some ids, ``/disconnect``
+kicks them, ``/count`` asks every instance how many sockets match an audience now. Changes travel
+the backplane as events, through the messages' own publish path, so they keep their order with
+messages: whatever is accepted after the ``204`` is matched against the new state everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from functools import partial
+from typing import Any, Final
+
+import orjson
+from aiohttp import hdrs, web
+from marshmallow import Schema, ValidationError, fields, validate, validates_schema
+
+from .backplanes import Backplane, BackplaneUnavailable
+from .config import Config
+from .criteria import (
+    ID_KEY,
+    Criteria,
+    CriterionField,
+    ListenerId,
+    ListenerIdField,
+    error_text,
+    is_listener_id,
+    typed_key,
+)
+from .inbound import POSITION_HEADER, read_json, unavailable, unprocessable
+from .index import Query
+from .message import CountEvent, Event, KickEvent, SetCriteriaEvent, dumps, validate_message
+from .ratelimit import TokenBucket
+
+logger = logging.getLogger("bow_gateway.control")
+
+ADVICE: Final = ("now", "backoff", "new_token", "never")
+"""What a kicked client is told to do (section 10's ``reconnect``)."""
+MAX_REASON: Final = 256
+"""Characters of a kick's reason text."""
+
+Publish = Callable[[Event], Awaitable[str]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class _ChangeSchema(Schema):
+    id = ListenerIdField(required=True)
+    criteria = fields.Dict(keys=fields.String(), values=CriterionField(), required=True)
+
+    @validates_schema
+    def _id_kept(self, data: Mapping[str, Any], **kwargs: Any) -> None:
+        if ID_KEY in data["criteria"] and not _same_id(data["criteria"][ID_KEY], data["id"]):
+            message = "must be the id, or absent: the gateway keeps __id"
+            raise ValidationError({ID_KEY: [message]}, field_name="criteria")
+
+
+class _DisconnectSchema(Schema):
+    ids = fields.List(ListenerIdField(), required=True)
+    reason = fields.String(
+        load_default="",
+        validate=validate.Length(max=MAX_REASON, error="at most {max} characters"),
+    )
+    reconnect = fields.String(
+        load_default="new_token",
+        validate=validate.OneOf(ADVICE, error="must be one of now, backoff, new_token, never"),
+    )
+
+
+_changes_schema: Final = _ChangeSchema(many=True)
+_disconnect_schema: Final = _DisconnectSchema()
+
+
+def _same_id(value: Any, listener_id: ListenerId) -> bool:
+    return is_listener_id(value) and typed_key(value) == typed_key(listener_id)
+
+
+def check_changes(body: Any, *, max_batch: int = 1_000) -> list[tuple[ListenerId, Criteria]]:
+    """``{"id", "criteria"}`` or a list of up to ``max_batch`` of them, checked as a whole;
+    ``ValueError`` names each fault by list index and field. ``__id`` is set to the id."""
+    entries = [body] if isinstance(body, Mapping) else body
+    if not isinstance(entries, list):
+        raise ValueError('the body must be {"id": ..., "criteria": {...}} or a list of those')
+    if len(entries) > max_batch:
+        raise ValueError(f"at most {max_batch} entries (api.max_batch), not {len(entries)}")
+    try:
+        loaded = _changes_schema.load(entries)
+    except ValidationError as error:
+        messages = error.messages
+        if isinstance(body, Mapping) and isinstance(messages, Mapping):
+            messages = messages.get(0, messages)  # one object: no index to name
+        raise ValueError(error_text(messages)) from None
+    return [(entry["id"], {**entry["criteria"], ID_KEY: entry["id"]}) for entry in loaded]
+
+
+def check_kick(body: Any, *, max_batch: int = 1_000) -> KickEvent:
+    """``{"ids": [...], "reason"?, "reconnect"?}``; ``ValueError`` names the field and index."""
+    if not isinstance(body, Mapping):
+        raise ValueError('the body must be {"ids": [...], "reason": "...", "reconnect": "..."}')
+    ids = body.get("ids")
+    if isinstance(ids, list) and len(ids) > max_batch:
+        raise ValueError(f"ids: at most {max_batch} (api.max_batch), not {len(ids)}")
+    try:
+        loaded = _disconnect_schema.load(body)
+    except ValidationError as error:
+        raise ValueError(error_text(error.messages)) from None
+    return KickEvent(loaded["ids"], loaded["reason"], loaded["reconnect"])
+
+
+def check_count(body: Any, *, max_queries: int = 1_000, max_predicates: int = 32) -> list[Query]:
+    """``{"audience": [...]}``, the audience checked as a message's."""
+    if not isinstance(body, Mapping):
+        raise ValueError('the body must be {"audience": [...]}')
+    unknown = sorted(str(key)[:60] for key in body if key != "audience")
+    if unknown:
+        raise ValueError(f"{unknown[0]}: Unknown field.")
+    if "audience" not in body:
+        raise ValueError("audience: Missing data for required field.")
+    message = {"name": "count", "audience": body["audience"]}
+    return validate_message(
+        message, max_queries=max_queries, max_predicates=max_predicates
+    ).audience
+
+
+def check_inbound_paths(paths: Iterable[str], prefix: str) -> None:
+    """``ValueError`` for an inbound path under the control endpoints' ``prefix``."""
+    for path in paths:
+        if path == prefix or path.startswith(prefix + "/"):
+            raise ValueError(
+                f"inbound path {path!r} is under api.prefix {prefix!r}, the gateway's own endpoints"
+            )
+
+
+def count_answer(result: tuple[int, Collection[ListenerId]], count_max_ids: int) -> bytes:
+    """This instance's answer to a count, from ``outbound.count(audience)``:
+    ``{"sockets": n, "ids": [...]}``, ids ``null`` when there are over ``count_max_ids``."""
+    sockets, ids = result
+    return dumps({"sockets": sockets, "ids": list(ids) if len(ids) <= count_max_ids else None})
+
+
+def summed(answers: Iterable[bytes], complete: bool, count_max_ids: int) -> dict[str, Any]:
+    """The instances' answers as ``{"sockets", "listeners", "complete"}``; listeners (distinct
+    ids) is ``None`` over ``count_max_ids``; an unreadable answer makes it incomplete."""
+    sockets = 0
+    ids: set[ListenerId] | None = set()
+    for data in answers:
+        try:
+            answer = orjson.loads(data)
+            count, found = answer["sockets"], answer["ids"]
+            if type(count) is not int or not (found is None or isinstance(found, list)):
+                raise TypeError("not {sockets: int, ids: list | null}")
+            ids_found = None if found is None else set(found)
+        except (ValueError, KeyError, TypeError) as error:
+            logger.warning("an instance's count answer is unreadable: %s", error)
+            complete = False
+            continue
+        sockets += count
+        ids = None if ids is None or ids_found is None else ids | ids_found
+        if ids is not None and len(ids) > count_max_ids:
+            ids = None
+    return {
+        "sockets": sockets,
+        "listeners": None if ids is None else len(ids),
+        "complete": complete,
+    }
+
+
+class Control:
+    """The control operations of one instance, for its HTTP endpoints and ``Bow``'s methods."""
+
+    def __init__(self, config: Config, publish: Publish, backplane: Backplane) -> None:
+        self._config = config
+        self._publish = publish
+        self._backplane = backplane
+        rate = config.max_counts_per_second
+        self._counts = TokenBucket(rate, max(1.0, rate))
+        self._retry_after = max(1, math.ceil(1 / rate))
+
+    async def set_criteria(self, changes: Any) -> str:
+        """Replace the criteria of every socket of each id; the event's position ("" for none)."""
+        checked = check_changes(changes, max_batch=self._config.api_max_batch)
+        if not checked:
+            return ""
+        position = await self._publish(SetCriteriaEvent(checked))
+        logger.info("set the criteria of %d ids", len(checked))
+        return position
+
+    async def disconnect(self, ids: Any, reason: Any = "", reconnect: Any = "new_token") -> str:
+        """Kick every socket of ``ids`` (4005 with ``reason`` and ``reconnect``); the position."""
+        body = {"ids": ids, "reason": reason, "reconnect": reconnect}
+        return await self._kick(check_kick(body, max_batch=self._config.api_max_batch))
+
+    async def count(self, audience: Any) -> dict[str, Any]:
+        """``{"sockets", "listeners", "complete"}`` of the sockets matching ``audience`` now."""
+        return await self._count(self._check_count({"audience": audience}))
+
+    def add_routes(self, app: web.Application, inbound_paths: Iterable[str]) -> None:
+        """``POST {api.prefix}/criteria|disconnect|count`` (405 for other methods)."""
+        prefix = self._config.api_prefix
+        check_inbound_paths(inbound_paths, prefix)
+        app.router.add_post(f"{prefix}/criteria", self._handler(self._post_criteria))
+        app.router.add_post(f"{prefix}/disconnect", self._handler(self._post_disconnect))
+        app.router.add_post(f"{prefix}/count", self._handler(self._post_count, limited=True))
+
+    async def _kick(self, kick: KickEvent) -> str:
+        if not kick.ids:
+            return ""
+        position = await self._publish(kick)
+        logger.info("kicked %d ids (reconnect: %s)", len(kick.ids), kick.reconnect)
+        return position
+
+    def _check_count(self, body: Any) -> list[Query]:
+        config = self._config
+        return check_count(
+            body, max_queries=config.max_queries, max_predicates=config.max_predicates
+        )
+
+    async def _count(self, audience: list[Query]) -> dict[str, Any]:
+        backplane = self._backplane
+        request_id = secrets.token_hex(8)
+        ask = partial(self._publish, CountEvent(request_id, audience))
+        answers, complete = await backplane.answers(request_id, ask, self._config.count_timeout)
+        return summed(answers, complete, self._config.count_max_ids)
+
+    async def _post_criteria(self, body: Any) -> web.Response:
+        return _no_content(await self.set_criteria(body))
+
+    async def _post_disconnect(self, body: Any) -> web.Response:
+        kick = check_kick(body, max_batch=self._config.api_max_batch)
+        return _no_content(await self._kick(kick))
+
+    async def _post_count(self, body: Any) -> web.Response:
+        result = await self._count(self._check_count(body))
+        return web.Response(body=dumps(result), content_type="application/json")
+
+    def _handler(
+        self, operation: Callable[[Any], Awaitable[web.Response]], *, limited: bool = False
+    ) -> Handler:
+        """``operation`` on the JSON body: 422 for its ``ValueError``, 503 when the backplane
+        refuses; ``limited``: 429 over ``api.max_counts_per_second``."""
+        timeout = self._config.inbound_timeout
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            try:
+                if limited and not self._counts.take():
+                    raise web.HTTPTooManyRequests(
+                        text=f"429: over api.max_counts_per_second "
+                        f"({self._config.max_counts_per_second:g}) on this instance",
+                        headers={hdrs.RETRY_AFTER: str(self._retry_after)},
+                    )
+                body = await read_json(request, timeout)
+                try:
+                    return await operation(body)
+                except ValueError as error:
+                    raise unprocessable(str(error)) from None
+                except BackplaneUnavailable as error:
+                    raise unavailable(error.retry_after) from error
+            except web.HTTPException as error:
+                level = logging.WARNING if error.status >= 500 else logging.INFO
+                cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
+                text = error.text
+                logger.log(level, "refused %s %s: %s%s", request.method, request.path, text, cause)
+                raise
+
+        return handle
+
+
+def _no_content(position: str) -> web.Response:
+    return web.Response(status=204, headers={POSITION_HEADER: position} if position else None)
