@@ -134,8 +134,11 @@ class Bow:
         version: str,
         create_listener_details_from_token: CreateListenerDetailsFromToken,
         middleware_version: str,
+        anonymous_criteria: Mapping[str, Any] | None = None,
     ) -> Bow:
-        """Register a Socket.IO handshake version whose tokens become listener details."""
+        """Register a Socket.IO handshake version whose tokens become listener details;
+        ``anonymous_criteria``: the criteria of a protocol-2 socket authenticating with token
+        ``null`` (None: refused)."""
         key = _version("outbound", version)
         if key in self._outbounds:
             raise ValueError(f"outbound version {version!r} is already registered")
@@ -144,6 +147,7 @@ class Bow:
             version,
             create_listener_details_from_token,
             _version("middleware_version", middleware_version),
+            anonymous_criteria=None if anonymous_criteria is None else dict(anonymous_criteria),
         )
         self._middleware_references.append((f"outbound {version!r}", middleware_version))
         return self
