@@ -72,7 +72,8 @@ class SocketOutbound:
         self.middlewares = middlewares
         self.indices = indices
         self.publish = publish
-        self.history = history or History(lambda position: None)
+        # not ``history or ...``: an empty History is falsy (it has a length)
+        self.history = history if history is not None else History(lambda position: None)
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.connections: dict[str, Connection] = {}

@@ -1,0 +1,543 @@
+"""Protocol 2, end to end (sections 6 and 7): positioned events, and missed-message recovery.
+
+Real gateways on free ports (the memory backplane: positions are ``epoch.n``, a restart is a new
+epoch) and real python-socketio clients that keep every argument of every event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+import socketio
+from bow_gateway.inbounds.passthrough import create_message_from_envelope
+from bow_gateway.middlewares.claims import criteria_from_claim
+from bow_gateway.outbounds.jwt import JwtOutbound
+
+from bow_gateway import Bow
+
+from .support import (
+    AUTH,
+    PATH,
+    SECRET,
+    WAIT,
+    Gateway,
+    base_config,
+    connect_error,
+    token,
+)
+
+AUTHOR = {"role": "author", "blogId": 42}
+BLOG_42 = [{"blogId": 42}]
+BLOG_7 = [{"blogId": 7}]
+WATCHER = "WATCHER"
+
+
+class P2:
+    """A python-socketio client that keeps every event with all its arguments, in order, with
+    the time each arrived (and when it was disconnected)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.client = socketio.AsyncClient(reconnection=False)
+        self.events: asyncio.Queue[tuple[str, tuple[Any, ...]]] = asyncio.Queue()
+        self.log: list[tuple[str, tuple[Any, ...], float]] = []
+        self.disconnected = asyncio.Event()
+        self.disconnected_at: float | None = None
+        self.client.on("*", self._on_any)
+        self.client.on("disconnect", self._on_disconnect)
+
+    async def _on_any(self, event: str, *args: Any) -> None:
+        self.log.append((event, args, time.monotonic()))
+        self.events.put_nowait((event, args))
+
+    async def _on_disconnect(self, *args: Any) -> None:
+        self.disconnected_at = time.monotonic()
+        self.log.append(("disconnect", (), self.disconnected_at))
+        self.disconnected.set()
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _, _ in self.log]
+
+    @property
+    def alerts(self) -> list[tuple[Any, ...]]:
+        return [args for name, args, _ in self.log if name == "alert"]
+
+    async def connect(self, proto: str | None = "2", version: str = "v1.3") -> P2:
+        query = f"?v={version}" + ("" if proto is None else f"&proto={proto}")
+        await self.client.connect(self.url + query, transports=["websocket"], wait_timeout=WAIT)
+        return self
+
+    async def authenticate(self, listener_token: Any, options: Any = None) -> Any:
+        """``authenticate`` with an acknowledgement; the ack's result (protocol 1: None)."""
+        data = (listener_token,) if options is None else (listener_token, options)
+        return await self.client.call("authenticate", data, timeout=WAIT)
+
+    async def authenticate_unacked(self, listener_token: Any, options: Any = None) -> list[Any]:
+        """``authenticate`` with an acknowledgement that may never come: what it received."""
+        acks: list[Any] = []
+        data = (listener_token,) if options is None else (listener_token, options)
+        await self.client.emit("authenticate", data, callback=lambda *args: acks.append(args))
+        return acks
+
+    async def next(self, timeout: float = WAIT) -> tuple[str, tuple[Any, ...]]:
+        return await asyncio.wait_for(self.events.get(), timeout)
+
+    async def expect(self, name: str, timeout: float = WAIT) -> tuple[Any, ...]:
+        """The next event must be ``name``: its arguments."""
+        event, args = await self.next(timeout)
+        assert event == name, f"expected {name!r}, got {event!r} with {args!r}"
+        return args
+
+    async def wait_disconnected(self, timeout: float = WAIT) -> None:
+        await asyncio.wait_for(self.disconnected.wait(), timeout)
+
+    async def close(self) -> None:
+        await self.client.disconnect()
+
+
+class P2Gateway:
+    """A running gateway seen from outside: pushes that return their ``Bow-Position``, protocol-2
+    clients (closed at the end), and a watcher that shows when the gateway has delivered
+    everything pushed so far."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.bow = gateway.bow
+        self.url = gateway.url
+        self.http = gateway.http
+        self.clients: list[P2] = []
+        self.watcher: P2 | None = None
+        self._settled = 0
+
+    async def push(self, body: Any) -> str:
+        """POST a message; its ``Bow-Position``."""
+        async with self.http.post(self.url + PATH, json=body, headers=AUTH) as response:
+            text = await response.text()
+            assert response.status == 204, f"push refused: {response.status} {text}"
+            position = response.headers["Bow-Position"]
+        assert isinstance(position, str) and position and position.isascii()
+        return position
+
+    async def connect(self, proto: str | None = "2") -> P2:
+        client = P2(self.url)
+        self.clients.append(client)
+        return await client.connect(proto)
+
+    async def listener(
+        self, listener_token: Any, options: Any = None, proto: str | None = "2"
+    ) -> tuple[P2, Any]:
+        """A connected socket, authenticated: the client and its ack's result."""
+        client = await self.connect(proto)
+        return client, await client.authenticate(listener_token, options)
+
+    async def watch(self) -> None:
+        """Connect the watcher (before what it must see)."""
+        self.watcher, _ = await self.listener(token(WATCHER))
+
+    async def settle(self) -> str:
+        """Push a message to the watcher only and wait for it: everything pushed before has been
+        delivered (and is in the recovery window). Its position."""
+        assert self.watcher is not None
+        self._settled += 1
+        name = f"settled-{self._settled}"
+        position = await self.push({"name": name, "audience": [{"__id": WATCHER}]})
+        while (event := await self.watcher.next())[0] == "__position":
+            pass  # the watcher may be quiet long enough to be told one
+        assert event == (name, (None, {"position": position})), event
+        return position
+
+    async def sentinel(self, audience: list[dict[str, Any]], *clients: P2) -> str:
+        """Push a message to ``audience``; each of ``clients`` must see it as its next event,
+        live. Its position."""
+        self._settled += 1
+        name = f"sentinel-{self._settled}"
+        position = await self.push({"name": name, "audience": audience})
+        for client in clients:
+            assert await client.expect(name) == (None, {"position": position})
+        return position
+
+    async def close(self) -> None:
+        await asyncio.gather(*(client.close() for client in self.clients))
+
+
+Serve = Callable[..., Awaitable[P2Gateway]]
+
+
+def p2_bow(
+    config: dict[str, Any],
+    *,
+    listener_fn: Callable[[Any], Any] | None = None,
+    anonymous_criteria: dict[str, Any] | None = None,
+) -> Bow:
+    """A gateway whose messages are envelopes (name, payload, audience): the JWT outbound v1.3
+    (or ``listener_fn``), criteria from the details' ``criteria`` claim."""
+    return (
+        Bow(config)
+        .middleware(version="v1.1", create_criteria_from_listener_details=criteria_from_claim())
+        .inbound(
+            path=PATH,
+            create_message_from_request_body=create_message_from_envelope,
+            middleware_version="v1.1",
+        )
+        .outbound(
+            version="v1.3",
+            create_listener_details_from_token=listener_fn or JwtOutbound(secret=SECRET),
+            middleware_version="v1.1",
+            anonymous_criteria=anonymous_criteria,
+        )
+    )
+
+
+@pytest.fixture
+async def serve(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> AsyncIterator[Serve]:
+    """``gateway = await serve(**config)``: :func:`p2_bow` with ``config`` overriding top-level
+    sections, its watcher connected; or ``serve(bow=some_bow)``. Its clients are closed before
+    it stops."""
+    gateways: list[P2Gateway] = []
+
+    async def start(bow: Bow | None = None, **config: Any) -> P2Gateway:
+        started = await start_bow(bow or p2_bow(base_config(**config)))
+        gateway = P2Gateway(Gateway(started, http))
+        gateways.append(gateway)
+        await gateway.watch()
+        return gateway
+
+    yield start
+    for gateway in gateways:
+        await gateway.close()
+
+
+async def live_position(gateway: P2Gateway, client: P2) -> str:
+    """Push one blog-42 message; ``client`` must receive it live: its position."""
+    position = await gateway.push({"name": "seen", "payload": {"n": 0}, "audience": BLOG_42})
+    assert await client.expect("seen") == ({"n": 0}, {"position": position})
+    return position
+
+
+async def missed(gateway: P2Gateway, names: list[tuple[str, list[dict[str, Any]]]]) -> list[str]:
+    """Push messages nobody of blog 42 is connected to receive; their positions, once delivered."""
+    positions = [
+        await gateway.push({"name": name, "payload": {"i": i}, "audience": audience})
+        for i, (name, audience) in enumerate(names)
+    ]
+    await gateway.settle()
+    return positions
+
+
+# -- positioned events (section 6) ---------------------------------------------------------
+
+
+async def test_a_protocol_2_event_is_payload_and_meta_whose_position_is_the_204s_bow_position(
+    serve: Serve,
+) -> None:
+    gateway = await serve()
+    client, _ = await gateway.listener(token("USER/1", AUTHOR))
+    payload = {"title": "é", "list": [1, None, True]}
+    position = await gateway.push({"name": "NEW_ARTICLE", "payload": payload, "audience": BLOG_42})
+    assert await client.expect("NEW_ARTICLE") == (payload, {"position": position})
+
+
+async def test_a_protocol_2_event_without_payload_has_null_then_meta(serve: Serve) -> None:
+    gateway = await serve()
+    client, _ = await gateway.listener(token("USER/1", AUTHOR))
+    position = await gateway.push({"name": "bare", "audience": BLOG_42})
+    assert await client.expect("bare") == (None, {"position": position})
+
+
+async def test_positions_of_successive_messages_differ(serve: Serve) -> None:
+    gateway = await serve()
+    client, _ = await gateway.listener(token("USER/1", AUTHOR))
+    positions = [await gateway.push({"name": "m", "audience": BLOG_42}) for _ in range(3)]
+    received = [(await client.expect("m"))[1]["position"] for _ in range(3)]
+    assert received == positions
+    assert len(set(positions)) == 3
+
+
+async def test_protocol_1_and_no_protocol_events_keep_one_argument(serve: Serve) -> None:
+    gateway = await serve()
+    explicit, ack_1 = await gateway.listener(token("USER/1", AUTHOR), proto="1")
+    implicit, ack_none = await gateway.listener(token("USER/2", AUTHOR), proto=None)
+    assert ack_1 is None and ack_none is None  # Bow's empty acknowledgement
+    await gateway.push({"name": "with", "payload": {"n": 1}, "audience": BLOG_42})
+    await gateway.push({"name": "bare", "audience": BLOG_42})
+    for client in (explicit, implicit):
+        assert await client.expect("with") == ({"n": 1},)
+        assert await client.expect("bare") == ()
+
+
+async def test_protocol_3_is_refused_with_connect_error_4022(serve: Serve) -> None:
+    gateway = await serve()
+    data = await connect_error(gateway.url + "?v=v1.3&proto=3")
+    assert data["data"] == {"code": 4022, "reason": "bad_protocol", "reconnect": "never"}
+
+
+# -- the acknowledgement -------------------------------------------------------------------
+
+
+async def test_without_since_the_ack_has_null_recovery_fields_and_a_string_position(
+    serve: Serve,
+) -> None:
+    gateway = await serve()
+    await gateway.push({"name": "before", "audience": BLOG_7})
+    await gateway.settle()
+    _, ack = await gateway.listener(token("USER/1", AUTHOR))
+    assert set(ack) == {"id", "position", "recovered", "reason", "criteria_changed", "expires_in"}
+    assert ack["id"] == "USER/1"
+    assert ack["recovered"] is None and ack["reason"] is None and ack["criteria_changed"] is None
+    assert isinstance(ack["position"], str) and ack["position"]
+
+
+async def test_with_empty_options_the_ack_is_the_same_as_without(serve: Serve) -> None:
+    gateway = await serve()
+    _, ack = await gateway.listener(token("USER/1", AUTHOR), {})
+    assert ack["id"] == "USER/1" and isinstance(ack["position"], str)
+    assert (ack["recovered"], ack["reason"], ack["criteria_changed"]) == (None, None, None)
+
+
+# -- recovery (section 7) ------------------------------------------------------------------
+
+
+async def test_recovery_replays_exactly_the_matching_missed_messages_in_order_then_live(
+    serve: Serve,
+) -> None:
+    gateway = await serve()
+    first, _ = await gateway.listener(token("USER/1", AUTHOR))
+    since = await live_position(gateway, first)
+    await first.close()
+    positions = await missed(
+        gateway,
+        [("a", BLOG_42), ("x", BLOG_7), ("b", BLOG_42), ("y", BLOG_7), ("c", BLOG_42)],
+    )
+    again, ack = await gateway.listener(token("USER/1", AUTHOR), {"since": since})
+    assert ack["recovered"] is True and ack["reason"] is None
+    assert ack["criteria_changed"] is False
+    assert isinstance(ack["position"], str)
+    for name, index in (("a", 0), ("b", 2), ("c", 4)):
+        expected = ({"i": index}, {"position": positions[index], "replayed": True})
+        assert await again.expect(name) == expected
+    live = await gateway.push({"name": "live", "payload": 1, "audience": BLOG_42})
+    assert await again.expect("live") == (1, {"position": live})
+
+
+async def test_messages_pushed_during_a_recovery_arrive_after_the_replay_once_each(
+    serve: Serve,
+) -> None:
+    gateway = await serve()
+    first, _ = await gateway.listener(token("USER/1", AUTHOR))
+    since = await live_position(gateway, first)
+    await first.close()
+    await missed(gateway, [(f"old-{i}", BLOG_42) for i in range(50)])
+    again = await gateway.connect()
+    pushes = asyncio.gather(
+        *(gateway.push({"name": f"new-{i}", "audience": BLOG_42}) for i in range(20))
+    )
+    ack, _ = await asyncio.gather(
+        again.authenticate(token("USER/1", AUTHOR), {"since": since}), pushes
+    )
+    assert ack["recovered"] is True
+    await gateway.sentinel(BLOG_42)
+    names = []
+    while True:
+        name, _ = await again.next()
+        if name.startswith("sentinel"):
+            break
+        names.append(name)
+    olds = [name for name in names if name.startswith("old-")]
+    news = [name for name in names if name.startswith("new-")]
+    assert olds == [f"old-{i}" for i in range(50)]
+    assert names[:50] == olds  # the replay first
+    assert sorted(news) == sorted(f"new-{i}" for i in range(20)) and len(news) == 20
+
+
+async def test_over_max_replay_nothing_is_replayed_too_many(serve: Serve) -> None:
+    gateway = await serve(recovery={"max_replay": 3})
+    first, _ = await gateway.listener(token("USER/1", AUTHOR))
+    since = await live_position(gateway, first)
+    await first.close()
+    await missed(gateway, [(f"m{i}", BLOG_42) for i in range(4)])
+    again, ack = await gateway.listener(token("USER/1", AUTHOR), {"since": since})
+    assert (ack["recovered"], ack["reason"]) == (False, "too_many")
+    await gateway.sentinel(BLOG_42, again)  # the next event: nothing was replayed
+
+
+async def test_exactly_max_replay_is_replayed(serve: Serve) -> None:
+    gateway = await serve(recovery={"max_replay": 3})
+    first, _ = await gateway.listener(token("USER/1", AUTHOR))
+    since = await live_position(gateway, first)
+    await first.close()
+    await missed(gateway, [(f"m{i}", BLOG_42) for i in range(3)])
+    again, ack = await gateway.listener(token("USER/1", AUTHOR), {"since": since})
+    assert (ack["recovered"], ack["reason"]) == (True, None)
+    for i in range(3):
+        assert (await again.expect(f"m{i}"))[1]["replayed"] is True
+
+
+async def test_a_message_after_since_left_the_window_gives_too_old(serve: Serve) -> None:
+    gateway = await serve(recovery={"max_count": 5})
+    first, _ = await gateway.listener(token("USER/1", AUTHOR))
+    since = await live_position(gateway, first)
+    await first.close()
+    await missed(gateway, [(f"m{i}", BLOG_7) for i in range(6)])  # 6 + 1 settling > 5
+    again, ack = await gateway.listener(token("USER/1", AUTHOR), {"since": since})
+    assert (ack["recovered"], ack["reason"]) == (False, "too_old")
+    await gateway.sentinel(BLOG_42, again)
+
+
+async def test_a_message_older_than_max_age_gives_too_old(serve: Serve) -> None:
+    gateway = await serve(recovery={"max_age": 0.5})
+    first, _ = await gateway.listener(token("USER/1", AUTHOR))
+    since = await live_position(gateway, first)
+    await first.close()
+    await missed(gateway, [("m", BLOG_42)])
+    await asyncio.sleep(0.7)
+    again, ack = await gateway.listener(token("USER/1", AUTHOR), {"since": since})
+    assert (ack["recovered"], ack["reason"]) == (False, "too_old")
+    await gateway.sentinel(BLOG_42, again)
+
+
+async def test_a_garbage_since_gives_unknown_position(serve: Serve) -> None:
+    gateway = await serve()
+    client, ack = await gateway.listener(token("USER/1", AUTHOR), {"since": "not a position!"})
+    assert (ack["recovered"], ack["reason"]) == (False, "unknown_position")
+    assert isinstance(ack["position"], str)
+    assert client.client.connected
+    await gateway.sentinel(BLOG_42, client)
+
+
+async def test_a_since_from_the_future_gives_unknown_position(serve: Serve) -> None:
+    gateway = await serve()
+    first, _ = await gateway.listener(token("USER/1", AUTHOR))
+    since = await live_position(gateway, first)
+    epoch, _, number = since.rpartition(".")  # the memory backplane's form, to forge a future
+    future = f"{epoch}.{int(number) + 1000}"
+    _, ack = await gateway.listener(token("USER/2", AUTHOR), {"since": future})
+    assert (ack["recovered"], ack["reason"]) == (False, "unknown_position")
+
+
+async def test_a_since_from_a_previous_gateway_process_gives_epoch_changed(
+    serve: Serve,
+) -> None:
+    old = await serve()
+    first, _ = await old.listener(token("USER/1", AUTHOR))
+    since = await live_position(old, first)
+    await old.close()
+    await old.bow.stop()  # the process ends; its in-process history with it
+    new = await serve()
+    await new.push({"name": "m", "audience": BLOG_42})
+    await new.settle()
+    again, ack = await new.listener(token("USER/1", AUTHOR), {"since": since})
+    assert (ack["recovered"], ack["reason"]) == (False, "epoch_changed")
+    await new.sentinel(BLOG_42, again)
+
+
+async def test_recovery_filters_with_the_new_criteria_and_says_criteria_changed(
+    serve: Serve,
+) -> None:
+    gateway = await serve()
+    first, _ = await gateway.listener(token("USER/1", AUTHOR))
+    since = await live_position(gateway, first)
+    await first.close()
+    positions = await missed(gateway, [("of-42", BLOG_42), ("of-7", BLOG_7), ("more-42", BLOG_42)])
+    moved = token("USER/1", {"role": "author", "blogId": 7})  # removed from blog 42 meanwhile
+    again, ack = await gateway.listener(moved, {"since": since})
+    assert (ack["recovered"], ack["reason"], ack["criteria_changed"]) == (True, None, True)
+    assert await again.expect("of-7") == ({"i": 1}, {"position": positions[1], "replayed": True})
+    await gateway.sentinel(BLOG_7, again)  # nothing of blog 42 was replayed
+
+
+async def test_an_invalid_token_with_a_valid_since_is_refused_and_replays_nothing(
+    serve: Serve,
+) -> None:
+    gateway = await serve()
+    first, _ = await gateway.listener(token("USER/1", AUTHOR))
+    since = await live_position(gateway, first)
+    await first.close()
+    await missed(gateway, [("m", BLOG_42)])
+    victim = await gateway.connect()
+    acks = await victim.authenticate_unacked("not-a-jwt", {"since": since})
+    await victim.wait_disconnected()
+    assert victim.names == ["alert", "disconnect"]
+    [(text, info)] = victim.alerts
+    assert isinstance(text, str) and text
+    assert info == {"code": 4002, "reason": "auth_refused", "fatal": True, "reconnect": "new_token"}
+    assert acks == []
+
+
+async def test_a_quiet_socket_gets_position_and_recovers_from_it(serve: Serve) -> None:
+    gateway = await serve(recovery={"position_interval": 0.4})
+    quiet, _ = await gateway.listener(token("USER/1", AUTHOR))
+    elsewhere = await gateway.push({"name": "elsewhere", "audience": BLOG_7})
+    deadline = time.monotonic() + 3
+    while True:  # the teller may first send an older position (a criteria change)
+        args = await quiet.expect("__position", timeout=deadline - time.monotonic())
+        assert args[0] is None and set(args[1]) == {"position"}
+        if args[1]["position"] == elsewhere:
+            break
+    await quiet.close()
+    positions = await missed(gateway, [("a", BLOG_42), ("x", BLOG_7), ("b", BLOG_42)])
+    again, ack = await gateway.listener(token("USER/1", AUTHOR), {"since": elsewhere})
+    assert (ack["recovered"], ack["reason"]) == (True, None)
+    assert await again.expect("a") == ({"i": 0}, {"position": positions[0], "replayed": True})
+    assert await again.expect("b") == ({"i": 2}, {"position": positions[2], "replayed": True})
+    await gateway.sentinel(BLOG_42, again)
+
+
+async def test_a_socket_sent_messages_gets_no_position_event(serve: Serve) -> None:
+    gateway = await serve(recovery={"position_interval": 0.6})
+    busy, _ = await gateway.listener(token("USER/1", AUTHOR))
+    for _ in range(6):  # one every 0.2 s: never quiet for 0.6 s
+        await gateway.sentinel(BLOG_42, busy)
+        await asyncio.sleep(0.2)
+    assert "__position" not in busy.names
+
+
+async def test_a_204s_bow_position_recovers_every_matching_message_after_it(
+    serve: Serve,
+) -> None:
+    gateway = await serve()
+    stored = await gateway.push({"name": "saved", "audience": BLOG_42})  # the backend keeps it
+    positions = await missed(gateway, [("a", BLOG_42), ("x", BLOG_7), ("b", BLOG_42)])
+    client, ack = await gateway.listener(token("USER/1", AUTHOR), {"since": stored})
+    assert (ack["recovered"], ack["reason"]) == (True, None)
+    assert await client.expect("a") == ({"i": 0}, {"position": positions[0], "replayed": True})
+    assert await client.expect("b") == ({"i": 2}, {"position": positions[2], "replayed": True})
+    await gateway.sentinel(BLOG_42, client)
+
+
+async def test_disconnect_messages_are_never_replayed(serve: Serve) -> None:
+    gateway = await serve()
+    first, _ = await gateway.listener(token("USER/1", AUTHOR))
+    since = await live_position(gateway, first)
+    await first.close()
+    await missed(gateway, [("__disconnect", BLOG_42), ("after", BLOG_42)])
+    again, ack = await gateway.listener(token("USER/1", AUTHOR), {"since": since})
+    assert ack["recovered"] is True
+    assert (await again.expect("after"))[1]["replayed"] is True
+    await gateway.sentinel(BLOG_42, again)
+    assert again.client.connected
+
+
+async def test_recovery_disabled_gives_disabled(serve: Serve) -> None:
+    gateway = await serve(recovery={"enabled": False})
+    first, _ = await gateway.listener(token("USER/1", AUTHOR))
+    since = await live_position(gateway, first)
+    await first.close()
+    await missed(gateway, [("m", BLOG_42)])
+    again, ack = await gateway.listener(token("USER/1", AUTHOR), {"since": since})
+    assert (ack["recovered"], ack["reason"]) == (False, "disabled")
+    await gateway.sentinel(BLOG_42, again)
+
+
+async def test_bow_position_header_is_there_without_recovery(serve: Serve) -> None:
+    gateway = await serve(recovery={"enabled": False})
+    client, _ = await gateway.listener(token("USER/1", AUTHOR))
+    position = await gateway.push({"name": "m", "audience": BLOG_42})
+    assert await client.expect("m") == (None, {"position": position})
