@@ -2,8 +2,10 @@
 
 HS256 (and HS384/HS512) with a shared secret, or RS256/ES256 (and kin) with a public key; the
 algorithms are pinned by configuration, never read from the token. ``exp`` and ``nbf`` are checked
-when present, ``aud`` and ``iss`` when configured. A shared secret shorter than its algorithm's hash
-is refused (RFC 7518, section 3.2): 32 bytes for HS256, 48 for HS384, 64 for HS512.
+when present, ``aud`` and ``iss`` when configured. A token's ``exp`` is also copied into the
+listener details as ``exp`` (whole seconds since the Unix epoch, plus the ``leeway``): when the
+gateway asks a protocol-2 socket to re-authenticate. A shared secret shorter than its algorithm's
+hash is refused (RFC 7518, section 3.2): 32 bytes for HS256, 48 for HS384, 64 for HS512.
 """
 
 from __future__ import annotations
@@ -91,7 +93,13 @@ class JwtOutbound:
             raise ValueError(f"invalid token: {error}") from None
         if self._id_claim not in claims:
             raise ValueError(f"the token has no {self._id_claim!r} claim")
-        return {"id": claims[self._id_claim], "claims": claims}
+        details: dict[str, Any] = {"id": claims[self._id_claim], "claims": claims}
+        if claims.get("exp") is not None:
+            # PyJWT checked that int() takes it (a float or a numeric string passes); the details
+            # hold an int. The leeway this outbound grants (clock skew) delays the expiry with it,
+            # or the gateway would refuse as expired a token this outbound has just accepted.
+            details["exp"] = int(claims["exp"]) + int(self._leeway)
+        return details
 
     def __repr__(self) -> str:  # never shows the key
         return f"JwtOutbound(algorithms={self._algorithms!r}, id_claim={self._id_claim!r})"

@@ -370,7 +370,10 @@ async def test_help_lists_the_commands_as_a_process() -> None:
         ([], ["serve", "token", "listen", "push", "--version"]),
         (["serve"], ["--config", "--host", "--port", "BOW_PORT", "BOW_REDIS_URL"]),
         (["token"], ["--id", "--criteria", "--secret", "--ttl", "BOW_JWT_SECRET"]),
-        (["listen"], ["--url", "--version", "--token", "--id", "--criteria"]),
+        (
+            ["listen"],
+            ["--url", "--version", "--token", "--id", "--criteria", "--ttl", "--proto", "--since"],
+        ),
         (
             ["push"],
             ["--url", "--path", "--user", "--password", "--name", "--audience", "--payload"],
@@ -399,12 +402,37 @@ def test_token_signs_the_id_and_criteria(capsys: pytest.CaptureFixture[str]) -> 
     assert claims["exp"] - claims["iat"] == 60
 
 
+@pytest.mark.parametrize(("ttl", "seconds"), [("60", 60), ("90.9", 90), ("1", 1)])
+def test_token_ttl_sets_exp_to_now_plus_ttl(
+    ttl: str, seconds: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = int(time.time())
+    assert main(["token", "--id", "USER/9", "--secret", SECRET, "--ttl", ttl]) == 0
+    after = int(time.time())
+    claims = jwt.decode(capsys.readouterr().out.strip(), SECRET, algorithms=["HS256"])
+    assert before + seconds <= claims["exp"] <= after + seconds  # whole seconds
+    assert claims["exp"] == claims["iat"] + seconds
+
+
+def test_token_ttl_defaults_to_an_hour_and_its_help_says_it_sets_exp(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["token", "--id", "USER/9", "--secret", SECRET]) == 0
+    claims = jwt.decode(capsys.readouterr().out.strip(), SECRET, algorithms=["HS256"])
+    assert claims["exp"] - claims["iat"] == 3600
+    assert main(["token", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--ttl SECONDS the token's lifetime: its exp claim is now + SECONDS" in help_text
+    assert "(default: 3600)" in help_text
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["token", "--id", "a", "--criteria", "{bad"], "--criteria is not valid JSON"),
         (["token", "--id", "a", "--criteria", "[1]"], "--criteria must be a JSON object"),
         (["token", "--id", "a", "--ttl", "0"], "--ttl must be a positive"),
+        (["token", "--id", "a", "--ttl", "0.5"], "--ttl must be a positive number of seconds"),
         (["push", "--name", "n", "--audience", "[{"], "--audience is not valid JSON"),
         (["push", "--name", "n", "--audience", "[]", "--payload", "3"], "must be a JSON object"),
         (["listen"], "give --token TOKEN, or --id ID"),

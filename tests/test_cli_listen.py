@@ -1,6 +1,11 @@
 """``bow-gateway listen`` as a real process against a real ``serve``: whatever ends the session (a
 ``__disconnect`` message, a refused token or version, Ctrl-C, the gateway stopping), it closes its
-HTTP session (no ``Unclosed client session``) and says why in words, never as a Python dict."""
+HTTP session (no ``Unclosed client session``) and says why in words, never as a Python dict.
+
+``--proto 2`` (docs/protocol-2.md): its arguments, and what it sends and prints against a scripted
+python-socketio server that speaks protocol 2 as the spec says, sending exactly what each test needs
+(an ack before or after a replay, a gap, a 4100 alert), which the real gateway cannot be made to on
+demand."""
 
 from __future__ import annotations
 
@@ -8,14 +13,22 @@ import asyncio
 import base64
 import json
 import signal
+import time
+import urllib.parse
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import jwt
 import pytest
+import socketio
+from aiohttp import web
 
-from .served import PYTHON, Served, clean_env, serve
+from bow_gateway.cli import main
+
+from .served import PYTHON, Served, clean_env, free_port, serve
 from .support import SECRET
 
 Pipe = asyncio.subprocess.PIPE
@@ -131,3 +144,320 @@ async def test_the_gateway_stopping_ends_it_cleanly(tmp_path: Path) -> None:
     assert ended.code == 1
     assert "disconnected by the server" in ended.err
     assert_closed_cleanly(ended)
+
+
+# -- --proto 2: the arguments (in this process: no network) -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--id", "a", "--since", "p.1"], "--since needs --proto 2"),
+        (["--id", "a", "--proto", "1", "--since", "p.1"], "--since needs --proto 2"),
+        (["--anonymous"], "--anonymous needs --proto 2"),
+        (["--proto", "2", "--anonymous", "--id", "a"], "--anonymous authenticates without a token"),
+        (["--proto", "2", "--anonymous", "--token", "t"], "--anonymous authenticates without"),
+        (["--token", "t", "--ttl", "60"], "--ttl needs --id"),
+        (["--id", "a", "--ttl", "0.5"], "--ttl must be a positive number of seconds"),
+        (["--proto", "2"], "give --token TOKEN, or --id ID"),
+    ],
+)
+def test_bad_protocol_2_arguments_exit_2(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["listen", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_proto_takes_1_or_2_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["listen", "--id", "a", "--proto", "3"]) == 2
+    assert "invalid choice: '3'" in capsys.readouterr().err
+
+
+def test_the_help_describes_protocol_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["listen", "--help"]) == 0
+    out = capsys.readouterr().out
+    for said in ("--proto", "--since POSITION", "--anonymous", "--ttl", "4100", "position"):
+        assert said in out
+
+
+# -- --proto 2 against a scripted protocol-2 server ---------------------------------------------
+
+Handler = Callable[[str, list[Any]], Awaitable[Any]]
+
+
+def result(**changes: Any) -> dict[str, Any]:
+    """An acknowledgement's result, as section 7 says, for USER/1 without since."""
+    fields = {"id": "USER/1", "position": "e.10", "recovered": None, "reason": None}
+    return {**fields, "criteria_changed": None, "expires_in": 3599, **changes}
+
+
+@dataclass
+class Scripted:
+    """A python-socketio server that answers each ``authenticate`` with ``answer`` (its return value
+    is the ack's), and records the handshakes' queries and the authentications' arguments."""
+
+    url: str
+    sio: socketio.AsyncServer
+    queries: list[dict[str, list[str]]] = field(default_factory=list)
+    authentications: asyncio.Queue[tuple[str, list[Any]]] = field(default_factory=asyncio.Queue)
+    answer: Handler | None = None
+    refusal: tuple[Any, ...] = ()
+
+    async def authenticated(self, timeout: float = 15) -> tuple[str, list[Any]]:
+        """The next ``authenticate``: its socket and its arguments."""
+        return await asyncio.wait_for(self.authentications.get(), timeout)
+
+    async def send(self, sid: str, event: str, payload: Any, meta: dict[str, Any]) -> None:
+        await self.sio.emit(event, (payload, meta), to=sid)
+
+
+@pytest.fixture
+async def scripted() -> AsyncIterator[Scripted]:
+    sio = socketio.AsyncServer(async_mode="aiohttp")
+    app = web.Application()
+    sio.attach(app)
+    port = free_port()
+    server = Scripted(f"http://127.0.0.1:{port}", sio)
+
+    async def connect(sid: str, environ: dict[str, Any], auth: Any = None) -> None:
+        server.queries.append(urllib.parse.parse_qs(environ["QUERY_STRING"]))
+        if server.refusal:
+            raise socketio.exceptions.ConnectionRefusedError(*server.refusal)
+
+    async def authenticate(sid: str, *args: Any) -> Any:
+        await server.authentications.put((sid, list(args)))
+        return result() if server.answer is None else await server.answer(sid, list(args))
+
+    sio.on("connect", connect)
+    sio.on("authenticate", authenticate)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield server
+    finally:
+        await runner.cleanup()
+
+
+def lines(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def claims(minted: str) -> dict[str, Any]:
+    decoded: dict[str, Any] = jwt.decode(minted, SECRET, algorithms=["HS256"])
+    return decoded
+
+
+async def test_it_opts_in_asks_since_and_prints_positions_then_the_last_one(
+    scripted: Scripted,
+) -> None:
+    listening = await Listening.start(
+        "--url", scripted.url, "--proto", "2", "--id", "USER/1", "--since", "e.5", "--ttl", "60"
+    )
+    sid, args = await scripted.authenticated()
+    assert scripted.queries[0]["v"] == ["v1"] and scripted.queries[0]["proto"] == ["2"]
+    minted, options = args
+    assert options == {"since": "e.5"}
+    assert claims(minted)["sub"] == "USER/1"
+    assert abs(claims(minted)["exp"] - (time.time() + 60)) <= 2
+    await listening.until("listening on")
+    assert 'authenticated: {"id": "USER/1", "position": "e.10"' in listening.err
+
+    await scripted.send(sid, "greeting", {"text": "hi"}, {"position": "e.11"})
+    await scripted.send(sid, "__position", None, {"position": "e.20"})
+    await scripted.send(sid, "__gap", None, {"position": "e.30", "reason": "trimmed"})
+    await scripted.send(sid, "__position", None, {"position": "e.31"})
+    await asyncio.sleep(0.5)
+    listening.process.send_signal(signal.SIGINT)
+    ended = await listening.end()
+    assert ended.code == 0, ended.err
+    assert lines(ended.out) == [
+        {"event": "greeting", "data": {"text": "hi"}, "position": "e.11", "replayed": False},
+        {"event": "__position", "data": None, "position": "e.20"},
+        {"event": "__gap", "data": None, "position": "e.30", "reason": "trimmed"},
+        {"event": "__position", "data": None, "position": "e.31"},
+    ]
+    assert ended.err.strip().splitlines()[-1] == (
+        "bow-gateway listen: last position e.31 (resume with --since e.31)"
+    )
+    assert_closed_cleanly(ended)
+
+
+@pytest.mark.parametrize("ack_first", [True, False])
+async def test_a_recovery_keeps_the_last_replayed_position_whenever_the_ack_comes(
+    scripted: Scripted, ack_first: bool
+) -> None:
+    async def replay(sid: str, args: list[Any]) -> Any:
+        async def send() -> None:
+            for n in (6, 8):
+                await scripted.send(sid, "news", {"n": n}, {"position": f"e.{n}", "replayed": True})
+
+        if ack_first:  # the ack first (python-socketio sends it once this returns), then replay
+            asyncio.get_running_loop().call_later(0.2, lambda: asyncio.ensure_future(send()))
+        else:
+            await send()
+        return result(position="e.9", recovered=True, criteria_changed=False)
+
+    scripted.answer = replay
+    listening = await Listening.start(
+        "--url", scripted.url, "--proto", "2", "--id", "USER/1", "--since", "e.5"
+    )
+    await listening.until("listening on")
+    await asyncio.sleep(0.5)
+    listening.process.send_signal(signal.SIGTERM)
+    ended = await listening.end()
+    assert ended.code == 0, ended.err
+    assert [(line["data"], line["replayed"]) for line in lines(ended.out)] == [
+        ({"n": 6}, True),
+        ({"n": 8}, True),
+    ]
+    assert '"recovered": true' in ended.err
+    # Not the ack's e.9: when the ack comes first, e.9 is not reached until the replay ends.
+    assert "last position e.8 (resume with --since e.8)" in ended.err
+
+
+async def test_without_since_it_resumes_after_the_acks_position(scripted: Scripted) -> None:
+    listening = await Listening.start("--url", scripted.url, "--proto", "2", "--id", "USER/1")
+    _, args = await scripted.authenticated()
+    assert args[1] == {}
+    await listening.until("listening on")
+    listening.process.send_signal(signal.SIGINT)
+    ended = await listening.end()
+    assert ended.code == 0
+    assert ended.out == ""
+    assert "last position e.10 (resume with --since e.10)" in ended.err
+
+
+async def test_asked_to_refresh_it_reauthenticates_with_a_fresh_token(scripted: Scripted) -> None:
+    listening = await Listening.start(
+        "--url", scripted.url, "--proto", "2", "--id", "USER/1", "--criteria", '{"a": 1}'
+    )
+    sid, first = await scripted.authenticated()
+    await listening.until("listening on")
+    await asyncio.sleep(1.1)  # another second: another iat and exp, so another token
+    info = {"code": 4100, "reason": "refresh_required", "fatal": False, "reconnect": "new_token"}
+    await scripted.sio.emit("alert", ("refresh_required: the token expires", info), to=sid)
+    _, again = await scripted.authenticated()
+    assert again[1] == {}
+    assert again[0] != first[0]
+    assert claims(again[0])["sub"] == "USER/1" and claims(again[0])["criteria"] == {"a": 1}
+    assert claims(again[0])["exp"] > claims(first[0])["exp"]
+    await listening.until("re-authenticated: ")
+    await scripted.send(sid, "greeting", None, {"position": "e.12"})
+    await asyncio.sleep(0.5)
+    listening.process.send_signal(signal.SIGINT)
+    ended = await listening.end()
+    assert ended.code == 0, ended.err
+    assert (
+        "alert: refresh_required: the token expires (code 4100 refresh_required, "
+        "reconnect: new_token) [not fatal]"
+    ) in ended.err
+    assert lines(ended.out) == [
+        {"event": "greeting", "data": None, "position": "e.12", "replayed": False}
+    ]
+    assert "last position e.12" in ended.err
+
+
+async def test_a_given_token_cannot_be_refreshed_and_it_says_so(scripted: Scripted) -> None:
+    given = jwt.encode({"sub": "USER/1"}, SECRET, algorithm="HS256")
+    listening = await Listening.start("--url", scripted.url, "--proto", "2", "--token", given)
+    sid, _ = await scripted.authenticated()
+    await listening.until("listening on")
+    info = {"code": 4100, "reason": "refresh_required", "fatal": False, "reconnect": "new_token"}
+    await scripted.sio.emit("alert", ("refresh_required", info), to=sid)
+    await listening.until("bow-gateway listen: cannot refresh a token given with --token")
+    await asyncio.sleep(0.3)
+    assert scripted.authentications.empty()
+    listening.process.send_signal(signal.SIGINT)
+    assert (await listening.end()).code == 0
+
+
+async def test_a_fatal_alert_is_printed_with_its_code_and_advice(scripted: Scripted) -> None:
+    listening = await Listening.start("--url", scripted.url, "--proto", "2", "--id", "USER/1")
+    sid, _ = await scripted.authenticated()
+    await listening.until("listening on")
+    info = {"code": 4005, "reason": "kicked", "fatal": True, "reconnect": "never"}
+    await scripted.sio.emit("alert", ("kicked: account closed", info), to=sid)
+    await scripted.sio.disconnect(sid)
+    ended = await listening.end()
+    assert ended.code == 1
+    assert "alert: kicked: account closed (code 4005 kicked, reconnect: never)\n" in ended.err
+    assert "bow-gateway listen: disconnected by the server" in ended.err
+    assert_closed_cleanly(ended)
+
+
+async def test_a_refused_authentication_says_the_code(scripted: Scripted) -> None:
+    async def refuse(sid: str, args: list[Any]) -> None:
+        info = {"code": 4002, "reason": "auth_refused", "fatal": True, "reconnect": "new_token"}
+        await scripted.sio.emit("alert", ("auth_refused: the token was refused", info), to=sid)
+        await scripted.sio.disconnect(sid)
+
+    scripted.answer = refuse
+    ended = await listen("--url", scripted.url, "--proto", "2", "--id", "USER/1")
+    assert ended.code == 1
+    assert ended.err.strip().splitlines()[-1] == (
+        "bow-gateway listen: authentication refused: auth_refused: the token was refused "
+        "(code 4002 auth_refused, reconnect: new_token)"
+    )
+    assert_closed_cleanly(ended)
+
+
+async def test_a_connect_error_says_the_code(scripted: Scripted) -> None:
+    data = {"code": 4022, "reason": "bad_protocol", "reconnect": "never"}
+    scripted.refusal = ("unknown protocol", data)
+    ended = await listen("--url", scripted.url, "--proto", "2", "--id", "USER/1")
+    assert ended.code == 1
+    assert ended.err.strip().splitlines()[-1] == (
+        f"bow-gateway listen: {scripted.url}?v=v1&proto=2 refused the connection: "
+        "unknown protocol (code 4022 bad_protocol)"
+    )
+
+
+async def test_anonymous_sends_a_null_token(scripted: Scripted) -> None:
+    async def anonymous(sid: str, args: list[Any]) -> Any:
+        return result(id=None, expires_in=None)
+
+    scripted.answer = anonymous
+    listening = await Listening.start("--url", scripted.url, "--proto", "2", "--anonymous")
+    _, args = await scripted.authenticated()
+    assert args == [None, {}]
+    await listening.until("listening on")
+    assert '"id": null' in listening.err
+    listening.process.send_signal(signal.SIGINT)
+    assert (await listening.end()).code == 0
+
+
+async def test_a_gateway_without_protocol_2_is_said_and_events_print_as_they_come(
+    scripted: Scripted,
+) -> None:
+    async def protocol_1(sid: str, args: list[Any]) -> None:
+        return None  # an ack without a result, as a gateway before protocol 2 sends
+
+    scripted.answer = protocol_1
+    listening = await Listening.start("--url", scripted.url, "--proto", "2", "--id", "USER/1")
+    sid, _ = await scripted.authenticated()
+    await listening.until("listening on")
+    assert "this gateway does not speak protocol 2" in listening.err
+    await scripted.sio.emit("greeting", {"text": "hi"}, to=sid)
+    await asyncio.sleep(0.5)
+    listening.process.send_signal(signal.SIGINT)
+    ended = await listening.end()
+    assert lines(ended.out) == [{"event": "greeting", "data": {"text": "hi"}}]
+
+
+async def test_without_proto_nothing_of_protocol_2_is_sent(scripted: Scripted) -> None:
+    scripted.answer = lambda sid, args: asyncio.sleep(0)  # acks without a result, as protocol 1
+    listening = await Listening.start("--url", scripted.url, "--id", "USER/1")
+    sid, args = await scripted.authenticated()
+    assert "proto" not in scripted.queries[0]
+    assert len(args) == 1 and claims(args[0])["sub"] == "USER/1"
+    await listening.until("listening on")
+    await scripted.send(sid, "greeting", {"text": "hi"}, {"position": "e.11"})
+    await asyncio.sleep(0.5)
+    listening.process.send_signal(signal.SIGINT)
+    ended = await listening.end()
+    assert lines(ended.out) == [
+        {"event": "greeting", "data": [{"text": "hi"}, {"position": "e.11"}]}
+    ]
+    assert "position" not in ended.err and "protocol 2" not in ended.err

@@ -1,7 +1,7 @@
 """``bow-gateway``: serve a gateway, and try one out (mint a token, listen, push).
 
-``main`` and the parser are here; the commands are in ``serve`` and ``clients`` (token, push,
-listen), what they share in ``common``; ``criteria-job`` is ``bow_gateway.job.command``."""
+``main`` and the parser are here; the commands are in ``serve``, ``clients`` (token, push) and
+``listen``, what they share in ``common``; ``criteria-job`` is ``bow_gateway.job.command``."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from .common import (
     PASSWORD_ENV,
     UsageError,
 )
+from .listen import listen as run_listen
 from .serve import serve as run_serve
 from .serve import tour
 
@@ -169,7 +170,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     _secret_option(token)
     token.add_argument(
-        "--ttl", type=float, default=3600, metavar="SECONDS", help="lifetime (default: 3600)"
+        "--ttl",
+        type=float,
+        default=3600,
+        metavar="SECONDS",
+        help="the token's lifetime: its exp claim is now + SECONDS, whole seconds; protocol-2 "
+        "sockets are asked to re-authenticate then (default: 3600)",
     )
     token.set_defaults(run=clients.token)
 
@@ -179,10 +185,15 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
         description="Connect with Socket.IO, authenticate, then print one JSON line per event\n"
         '({"event": NAME, "data": PAYLOAD}) on stdout; alerts and disconnection go to stderr.\n'
-        "Runs until Ctrl-C or SIGTERM (exit 0); exit 1 if refused or disconnected.",
+        "Runs until Ctrl-C or SIGTERM (exit 0); exit 1 if refused or disconnected.\n\n"
+        'With --proto 2 (docs/protocol-2.md) each line also has the event\'s "position" and\n'
+        '"replayed"; __position and __gap arrive as lines too; the acknowledgement\'s result and\n'
+        "alerts with their code go to stderr, and the last position when it stops. Asked to\n"
+        "re-authenticate (4100), it does so with a fresh token if it minted the first (--id).",
         epilog="Examples:\n"
         '  bow-gateway listen --token "$TOKEN"\n'
-        f"  bow-gateway listen --id {EXAMPLE_ID} --criteria '{EXAMPLE_CRITERIA}'",
+        f"  bow-gateway listen --id {EXAMPLE_ID} --criteria '{EXAMPLE_CRITERIA}'\n"
+        f"  bow-gateway listen --proto 2 --id {EXAMPLE_ID} --ttl 60 --since POSITION",
     )
     _url_option(listen)
     listen.add_argument(
@@ -194,7 +205,28 @@ def _parser() -> argparse.ArgumentParser:
     listen.add_argument("--id", help="instead of --token: mint a token for this listener id")
     listen.add_argument("--criteria", metavar="JSON", help="with --id: the token's criteria")
     _secret_option(listen, "with --id: ")
-    listen.set_defaults(run=clients.listen)
+    listen.add_argument(
+        "--ttl",
+        type=float,
+        metavar="SECONDS",
+        help="with --id: the minted tokens' lifetime, their exp = now + SECONDS (default: 3600)",
+    )
+    listen.add_argument(
+        "--proto",
+        choices=["1", "2"],
+        help="the handshake's proto: 2 opts in to protocol 2 (default: not sent, protocol 1)",
+    )
+    listen.add_argument(
+        "--since",
+        metavar="POSITION",
+        help="with --proto 2: ask for the messages missed after this position",
+    )
+    listen.add_argument(
+        "--anonymous",
+        action="store_true",
+        help="with --proto 2: authenticate with a null token (the outbound's anonymous_criteria)",
+    )
+    listen.set_defaults(run=run_listen)
 
     push = commands.add_parser(
         "push",
