@@ -120,7 +120,8 @@ class Authenticator:
         if outbound.connections.get(connection.sid) is not connection or connection.closing:
             return  # disconnected (or timed out) while the user's functions ran
         listener_id: ListenerId | None = None if details is None else details["id"]
-        if connection.authenticated and listener_id != connection.listener_id:
+        upgrade = connection.listener_id is None and listener_id is not None  # from anonymous
+        if connection.authenticated and listener_id != connection.listener_id and not upgrade:
             outbound.close(
                 connection, codes.ID_CHANGED, "a socket cannot change its id: connect a new one"
             )
