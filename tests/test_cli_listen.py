@@ -29,7 +29,7 @@ from aiohttp import web
 from bow_gateway.cli import main
 
 from .served import PYTHON, Served, clean_env, free_port, serve
-from .support import SECRET
+from .support import SECRET, token
 
 Pipe = asyncio.subprocess.PIPE
 BASIC = "Basic " + base64.b64encode(b"pusher:change-me").decode()  # the embedded default's
@@ -111,7 +111,10 @@ async def test_a_disconnect_message_ends_it_cleanly(gateway: Served) -> None:
 async def test_a_refused_token_ends_it_cleanly(gateway: Served) -> None:
     ended = await listen("--url", gateway.url, "--token", "not-a-token")
     assert ended.code == 1
-    assert "bow-gateway listen: authentication refused: auth_refused: the token was refused" in ended.err
+    assert (
+        "bow-gateway listen: authentication refused: auth_refused: the token was refused"
+        in ended.err
+    )
     assert_closed_cleanly(ended)
 
 
@@ -461,3 +464,142 @@ async def test_without_proto_nothing_of_protocol_2_is_sent(scripted: Scripted) -
         {"event": "greeting", "data": [{"text": "hi"}, {"position": "e.11"}]}
     ]
     assert "position" not in ended.err and "protocol 2" not in ended.err
+
+
+# -- --proto 2 end to end, against serve -------------------------------------------------------
+
+
+def push_at(served: Served, name: str, audience: list[dict[str, object]], **more: object) -> str:
+    """POST a message; its position, from the 204's ``Bow-Position`` header."""
+    request = urllib.request.Request(
+        served.url + "/v1/messages",
+        data=json.dumps({"name": name, "audience": audience, **more}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": BASIC},
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 204
+        position: str = response.headers["Bow-Position"]
+        return position
+
+
+async def next_line(listening: Listening, timeout: float = 10) -> dict[str, Any]:
+    """The next JSON line listen printed on stdout."""
+    assert listening.process.stdout is not None
+    line = await asyncio.wait_for(listening.process.stdout.readline(), timeout)
+    assert line, f"listen ended:\n{listening.err}"
+    parsed: dict[str, Any] = json.loads(line)
+    return parsed
+
+
+def acknowledged(err: str, what: str = "authenticated") -> dict[str, Any]:
+    """The last acknowledgement's result listen printed on stderr."""
+    found = [line for line in err.splitlines() if line.startswith(f"{what}: ")]
+    assert found, err
+    result: dict[str, Any] = json.loads(found[-1].partition(": ")[2])
+    return result
+
+
+async def test_proto_2_prints_positions_then_recovers_with_since(gateway: Served) -> None:
+    team = [{"team": "p2"}]
+    args = ("--url", gateway.url, "--proto", "2", "--id", "USER/51", "--criteria", '{"team": "p2"}')
+    listening = await Listening.start(*args)
+    await listening.until("listening on")
+    assert acknowledged(listening.err)["recovered"] is None
+    first = push_at(gateway, "news", team, n=1)
+    assert await next_line(listening) == {
+        "event": "news",
+        "data": {"name": "news", "audience": team, "n": 1},
+        "position": first,
+        "replayed": False,
+    }
+    listening.process.send_signal(signal.SIGINT)
+    ended = await listening.end()
+    assert ended.code == 0, ended.err
+    assert f"last position {first} (resume with --since {first})" in ended.err
+
+    missed = [push_at(gateway, "news", team, n=n) for n in (2, 3)]
+    push_at(gateway, "news", [{"team": "other"}], n=4)  # not its audience: not replayed
+    listening = await Listening.start(*args, "--since", first)
+    await listening.until("listening on")
+    ack = acknowledged(listening.err)
+    assert ack["id"] == "USER/51"
+    assert ack["recovered"] is True and ack["reason"] is None
+    assert ack["criteria_changed"] is False
+    replayed = [await next_line(listening) for _ in missed]
+    assert [(line["position"], line["replayed"], line["data"]["n"]) for line in replayed] == [
+        (missed[0], True, 2),
+        (missed[1], True, 3),
+    ]
+    live = push_at(gateway, "news", team, n=5)
+    assert await next_line(listening) == {
+        "event": "news",
+        "data": {"name": "news", "audience": team, "n": 5},
+        "position": live,
+        "replayed": False,
+    }
+    listening.process.send_signal(signal.SIGINT)
+    ended = await listening.end()
+    assert ended.code == 0, ended.err
+    assert f"last position {live} (resume with --since {live})" in ended.err
+    assert_closed_cleanly(ended)
+
+
+async def test_proto_2_an_unknown_since_is_not_recovered(gateway: Served) -> None:
+    listening = await Listening.start(
+        "--url", gateway.url, "--proto", "2", "--id", "USER/52", "--since", "not-a-position"
+    )
+    await listening.until("listening on")
+    ack = acknowledged(listening.err)
+    assert ack["recovered"] is False and ack["reason"] == "unknown_position"
+    assert isinstance(ack["position"], str)
+    assert 3500 < ack["expires_in"] <= 3600
+    listening.process.send_signal(signal.SIGINT)
+    ended = await listening.end()
+    assert ended.code == 0, ended.err
+    assert f"last position {ack['position']}" in ended.err
+
+
+async def test_proto_2_asked_to_refresh_it_mints_and_stays(tmp_path: Path) -> None:
+    with serve(tmp_path, BOW_JWT_SECRET=SECRET, BOW_OUTBOUND_EXPIRY_GRACE="1") as served:
+        listening = await Listening.start(
+            "--url", served.url, "--proto", "2", "--id", "USER/53", "--ttl", "3"
+        )
+        await listening.until("listening on")
+        assert 0 < acknowledged(listening.err)["expires_in"] <= 3
+        await listening.until("re-authenticated: ")  # at exp: 4100, a fresh token, the ack
+        assert "(code 4100 refresh_required, reconnect: new_token) [not fatal]" in listening.err
+        assert acknowledged(listening.err, "re-authenticated")["id"] == "USER/53"
+        await asyncio.sleep(2)  # past the first token's exp + grace: still there
+        position = push_at(served, "news", [{"__id": "USER/53"}])
+        assert (await next_line(listening))["position"] == position
+        listening.process.send_signal(signal.SIGINT)
+        ended = await listening.end()
+    assert ended.code == 0, ended.err
+    assert "token_expired" not in ended.err
+    assert_closed_cleanly(ended)
+
+
+async def test_proto_2_a_given_token_expires_after_the_grace(tmp_path: Path) -> None:
+    with serve(tmp_path, BOW_JWT_SECRET=SECRET, BOW_OUTBOUND_EXPIRY_GRACE="1") as served:
+        given = token("USER/54", ttl=4)  # exp is whole seconds: at least 3 s ahead
+        listening = await Listening.start("--url", served.url, "--proto", "2", "--token", given)
+        await listening.until("listening on")
+        await listening.until("bow-gateway listen: cannot refresh a token given with --token")
+        ended = await listening.end()
+    assert ended.code == 1
+    assert "(code 4003 token_expired, reconnect: new_token)" in ended.err
+    assert "bow-gateway listen: disconnected by the server" in ended.err
+    assert_closed_cleanly(ended)
+
+
+async def test_protocol_1_ignores_exp(tmp_path: Path) -> None:
+    with serve(tmp_path, BOW_JWT_SECRET=SECRET, BOW_OUTBOUND_EXPIRY_GRACE="1") as served:
+        listening = await Listening.start("--url", served.url, "--id", "USER/55", "--ttl", "3")
+        await listening.until("listening on")
+        await asyncio.sleep(5)  # past exp + grace
+        push_at(served, "news", [{"__id": "USER/55"}])
+        assert (await next_line(listening))["event"] == "news"
+        listening.process.send_signal(signal.SIGINT)
+        ended = await listening.end()
+    assert ended.code == 0, ended.err
+    assert "alert" not in ended.err
