@@ -116,10 +116,6 @@ async def test_ack_expires_in_is_null_without_exp(serve: Serve) -> None:
     assert ack["expires_in"] is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the bundled JWT outbound does not copy exp into the listener details (section 8)",
-)
 async def test_a_jwts_exp_gives_expires_in(serve: Serve) -> None:
     gateway = await serve()
     _, ack = await gateway.listener(mint("USER/1", SECRET, ttl=60))
@@ -177,6 +173,14 @@ async def test_a_refresh_within_the_grace_cancels_the_expiry(serve: Serve) -> No
     await gateway.sentinel([{"__id": "USER/1"}], client)
     assert [info_of(alert)["code"] for alert in client.alerts] == [4100]
     assert client.client.connected
+
+
+@pytest.mark.parametrize("exp", ["2099-01-01", True, [1]], ids=["string", "bool", "list"])
+async def test_an_exp_that_is_not_a_number_gets_4002(serve: Serve, exp: Any) -> None:
+    gateway = await serve()
+    client = await gateway.connect()
+    await client.authenticate_unacked({"id": "USER/1", "exp": exp})
+    assert (await closed_with(client, 4002))["reason"] == "auth_refused"
 
 
 async def test_a_refresh_with_an_expired_token_gets_4003(serve: Serve) -> None:
