@@ -336,7 +336,12 @@ class SocketOutbound:
         if message.name == DISCONNECT:
             for connection in connections:
                 if connection.proto == 2:
-                    self.close(connection, codes.DISCONNECT_MESSAGE, "a __disconnect message")
+                    self.close(
+                        connection,
+                        codes.DISCONNECT_MESSAGE,
+                        "a __disconnect message",
+                        kind="disconnect message",
+                    )
                 elif connection.closing is None:
                     connection.closing = "disconnect message"
                     self.spawn(self._disconnect_soon(connection))
