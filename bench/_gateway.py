@@ -16,7 +16,11 @@ collector tracks, and how many are frozen; slow with millions), and two older ex
 ``freeze`` (``gc.collect()`` then ``gc.freeze()``) and ``disable`` (``gc.disable()``); for
 ``fanout_bench.py``: ``stall`` (the longest lateness of a timer rescheduled every 10 ms since the
 last ``stall``, i.e. the longest event-loop stall, then reset) and ``sockets`` (sockets connected
-and authenticated, and the disconnects so far by reason, from the gateway's metrics).
+and authenticated, and the disconnects so far by reason, from the gateway's metrics); for
+``recovery_bench.py`` and ``restart_bench.py``: ``cpu`` (this process's CPU time in ns,
+``CLOCK_PROCESS_CPUTIME_ID``: exact, where ``/proc/<pid>/stat`` counts 10 ms ticks) and
+``recoveries`` (the protocol-2 recovery counters of the metrics, by result and reason, and the
+messages replayed; empty before protocol 2).
 """
 
 from __future__ import annotations
@@ -163,6 +167,22 @@ def socket_counts(bow: Bow) -> dict[str, object]:
     return {**counts, "disconnects": disconnects}
 
 
+def recovery_counts(bow: Bow) -> dict[str, float]:
+    """The metrics' recoveries by ``result/reason`` and ``replayed`` (protocol 2 only)."""
+    counts: dict[str, float] = {}
+    for name, label in (("recoveries", True), ("replayed", False)):
+        metric = getattr(bow.metrics, name, None)
+        if metric is None:
+            continue
+        for family in metric.collect():
+            for sample in family.samples:
+                if not sample.name.endswith("_total"):
+                    continue
+                key = "/".join(sample.labels.values()) if label else name
+                counts[key] = counts.get(key, 0.0) + sample.value
+    return counts
+
+
 def answer(
     command: str, clock: GcClock, probe: StallProbe | None = None, bow: Bow | None = None
 ) -> dict[str, object]:
@@ -170,6 +190,10 @@ def answer(
         return {"stall": probe.report()}
     if command == "sockets" and bow is not None:
         return {"sockets": socket_counts(bow)}
+    if command == "cpu":
+        return {"cpu_ns": time.process_time_ns()}
+    if command == "recoveries" and bow is not None:
+        return {"recoveries": recovery_counts(bow)}
     if command == "gc":
         return {"gc": clock.report()}
     if command == "objects":  # both walk every object: the loop stalls meanwhile
@@ -237,7 +261,12 @@ async def serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(signal.SIGUSR1, begin)
         loop.add_signal_handler(signal.SIGUSR2, dump)
 
-    print(json.dumps({"port": bow.port, "pid": os.getpid()}), flush=True)
+    import bow_gateway
+
+    print(
+        json.dumps({"port": bow.port, "pid": os.getpid(), "bow_gateway": bow_gateway.__file__}),
+        flush=True,
+    )
     await stop.wait()
     await bow.stop()
 

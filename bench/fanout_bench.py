@@ -54,15 +54,18 @@ import resource
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import _common as common
 import _gateway as gateway
 import aiohttp
+import attack_bench
 import redis_bench
 from _redis import RedisServer
 from bow_gateway.outbounds.jwt import mint
@@ -80,7 +83,7 @@ monotonic_ns = time.monotonic_ns
 class Message:
     """One message POSTed and not yet received by every socket it targets."""
 
-    __slots__ = ("key", "on_done", "remaining", "sent", "seq")
+    __slots__ = ("key", "on_done", "position", "remaining", "sent", "seq")
 
     def __init__(self, seq: int, sent: int, remaining: int, on_done: Callable[[], None]) -> None:
         self.seq = seq
@@ -88,6 +91,7 @@ class Message:
         self.remaining = remaining
         self.on_done = on_done
         self.key = b""  # the frame's payload, once a socket has received it
+        self.position: str | None = None  # protocol 2: the frame's meta.position
 
 
 class Books:
@@ -112,7 +116,7 @@ class Books:
         self.idle.clear()
         return message
 
-    def first_receipt(self, payload: bytes, body: Any) -> Message | None:
+    def first_receipt(self, payload: bytes, body: Any, meta: Any = None) -> Message | None:
         """The first copy of a frame: its message, from now on found by the frame's bytes."""
         seq = body.get("seq") if isinstance(body, dict) else None
         message = self.pending.get(seq) if isinstance(seq, int) else None
@@ -121,6 +125,8 @@ class Books:
             return None
         message.sent = body["t"]
         message.key = payload
+        if isinstance(meta, dict):
+            message.position = meta.get("position")
         self.frames[payload] = message
         return message
 
@@ -150,18 +156,40 @@ def client_frame(payload: bytes, opcode: int = 0x1) -> bytes:
     return header + key + (int.from_bytes(payload, "big") ^ mask).to_bytes(length, "big")
 
 
+def socket_path(proto: int) -> str:
+    """The handshake's path: protocol 2 opts in with ``proto=2`` next to ``v``."""
+    return SOCKET_PATH + ("&proto=2" if proto == 2 else "")
+
+
 class LeanClient(asyncio.Protocol):
     """One Socket.IO connection over a websocket: handshake, authentication, then counting.
 
     ``ready`` is done once the gateway has acknowledged ``authenticate``. Every event frame of
     the benchmark found in ``books.frames`` costs a dict look-up, an ``array.append`` and two
     decrements; anything else (handshake, pings, a first copy) goes through ``_packet``.
+
+    ``proto=2`` opts in to protocol 2 (``&proto=2``) and authenticates with
+    ``(token, options, ack)`` (``options``: ``{}``, or ``{"since": position}`` to recover); the
+    ack's result object is kept in ``result``, and ``position`` is the last position received
+    (an event's ``meta.position``, ``__position``, ``__gap`` or the ack's).
     """
 
-    def __init__(self, books: Books, host: str, token: str) -> None:
+    def __init__(
+        self,
+        books: Books,
+        host: str,
+        token: str,
+        proto: int = 1,
+        options: dict[str, Any] | None = None,
+    ) -> None:
         self.books = books
         self.host = host
         self.token = token
+        self.proto = proto
+        self.options = options if options is not None else {}
+        self.result: Any = None  # protocol 2: the ack's result object
+        self.position: str | None = None  # protocol 2: the last position received
+        self.gaps: list[Any] = []  # protocol 2: the meta of every __gap
         self.transport: asyncio.Transport | None = None
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.received = 0  # event frames of the benchmark
@@ -179,7 +207,7 @@ class LeanClient(asyncio.Protocol):
         key = base64.b64encode(os.urandom(16))
         self._accept = base64.b64encode(hashlib.sha1(key + WS_GUID).digest())
         transport.write(
-            f"GET {SOCKET_PATH} HTTP/1.1\r\nHost: {self.host}\r\nUpgrade: websocket\r\n"
+            f"GET {socket_path(self.proto)} HTTP/1.1\r\nHost: {self.host}\r\nUpgrade: websocket\r\n"
             "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n".encode()
             + b"Sec-WebSocket-Key: "
             + key
@@ -238,6 +266,7 @@ class LeanClient(asyncio.Protocol):
             if message is not None:
                 latencies.append(now - message.sent)
                 self.received += 1
+                self.position = message.position
                 message.remaining -= 1
                 if message.remaining == 0:
                     books.finish(message, now)
@@ -255,9 +284,13 @@ class LeanClient(asyncio.Protocol):
                 return self._event(payload)
             elif payload.startswith(b"43"):  # the ack of authenticate
                 if not self.ready.done():
+                    self._acknowledged(payload)
                     self.ready.set_result(None)
             elif payload.startswith(b"40"):  # connected to "/"
-                self._send(b"420" + json.dumps(["authenticate", self.token]).encode())
+                arguments = ["authenticate", self.token]
+                if self.proto == 2:
+                    arguments.append(self.options)
+                self._send(b"420" + json.dumps(arguments).encode())
             elif payload.startswith(b"0"):  # Engine.IO OPEN
                 self._send(b"40")
             elif payload.startswith((b"44", b"41", b"1")):
@@ -271,15 +304,33 @@ class LeanClient(asyncio.Protocol):
             self._send(payload, 0xA)
         return None
 
+    def _acknowledged(self, payload: bytes) -> None:
+        """``430[]`` (protocol 1) or ``430[{result}]`` (protocol 2)."""
+        if self.proto != 2:
+            return
+        try:
+            self.result = json.loads(payload[payload.index(b"[") :])[0]
+        except (ValueError, IndexError):
+            self.result = None
+        if isinstance(self.result, dict):
+            self.position = self.result.get("position") or self.position
+
     def _event(self, payload: bytes) -> Message | None:
         try:
             name, *args = json.loads(payload[2:])
         except ValueError:
             return None
+        meta = args[1] if self.proto == 2 and len(args) > 1 else None
+        if name == "__position" or name == "__gap":  # protocol 2's gateway events
+            if isinstance(meta, dict) and meta.get("position"):
+                self.position = meta["position"]
+            if name == "__gap":
+                self.gaps.append(meta)
+            return None
         if name != EVENT:  # e.g. "alert": why the gateway is about to close this socket
             self.reason = f"{name}: {args}"
             return None
-        return self.books.first_receipt(payload, args[0] if args else None)
+        return self.books.first_receipt(payload, args[0] if args else None, meta)
 
     def _upgrade(self, data: bytes) -> bytes:
         end = data.find(b"\r\n\r\n")
@@ -305,7 +356,7 @@ class LeanClient(asyncio.Protocol):
 
 
 async def open_clients(
-    books: Books, host: str, port: int, n: int, concurrency: int
+    books: Books, host: str, port: int, n: int, concurrency: int, proto: int = 1
 ) -> tuple[list[LeanClient], list[str]]:
     """Connect and authenticate listeners 0..n-1, ``concurrency`` handshakes at a time."""
     loop = asyncio.get_running_loop()
@@ -318,7 +369,7 @@ async def open_clients(
     ]
 
     async def open_one(i: int) -> None:
-        client = LeanClient(books, f"{host}:{port}", tokens[i])
+        client = LeanClient(books, f"{host}:{port}", tokens[i], proto)
         async with semaphore:
             try:
                 await loop.create_connection(lambda: client, host, port)
@@ -481,6 +532,7 @@ class Run:
     books: Books
     posters: Posters
     cores: tuple[int, int]  # CPUs of the gateway and of the load generator
+    proto: int = 1  # the clients' protocol
     clients: list[LeanClient] = field(default_factory=list)
     seq: int = 0  # global: a frame is never mistaken for one of an earlier phase
 
@@ -601,6 +653,16 @@ def phases(args: argparse.Namespace, n: int, rng: random.Random) -> list[Phase]:
     ]
 
 
+PHASE_KEYS = {
+    "light, 1 listener": "light-1",
+    "light, 10%": "light-10",
+    "light, 100%": "light-100",
+    "saturation, 1 listener": "sat-1",
+    "saturation, 10%": "sat-10",
+    "saturation, 100%": "sat-100",
+}
+
+
 # -- one L ------------------------------------------------------------------------------------
 
 
@@ -632,7 +694,7 @@ async def connect(run: Run, args: argparse.Namespace) -> Connected:
     before = run.machine.snapshot()
     started = time.perf_counter()
     run.clients, failures = await open_clients(
-        run.books, args.host, run.port, run.sockets, args.connect_concurrency
+        run.books, args.host, run.port, run.sockets, args.connect_concurrency, run.proto
     )
     wall = time.perf_counter() - started
     used = redis_bench.Machine.delta(before, run.machine.snapshot())
@@ -653,7 +715,11 @@ async def connect(run: Run, args: argparse.Namespace) -> Connected:
 
 
 async def bench_one(
-    args: argparse.Namespace, n: int, gateways: redis_bench.Gateways, redis_pid: int | None
+    args: argparse.Namespace,
+    n: int,
+    gateways: redis_bench.Gateways,
+    redis_pid: int | None,
+    proto: int = 1,
 ) -> tuple[Connected, list[Result]]:
     books = Books()
     port = int(gateways.socket_urls[0].rsplit(":", 1)[1])
@@ -665,6 +731,7 @@ async def bench_one(
         books=books,
         posters=Posters(args.host, port),
         cores=(args.server_cpu, args.client_cpu),
+        proto=proto,
     )
     try:
         connected = await connect(run, args)
@@ -676,6 +743,8 @@ async def bench_one(
         warm_up = Phase("warm-up", lambda: b'[{"all":true}]', len(run.clients), 2, count=3)
         await run_phase(run, warm_up, args.drain)
         for phase in phases(args, len(run.clients), rng):
+            if args.phases and PHASE_KEYS[phase.name] not in args.phases:
+                continue
             result = await run_phase(run, phase, args.drain)
             results.append(result)
             print(
@@ -831,9 +900,9 @@ def check_target(n: int, results: list[Result]) -> None:
     print(f"  target (100% audience at 10,000 listeners, back to back): {verdict}: {text}")
 
 
-def print_summary(runs: list[tuple[Connected, list[Result]]]) -> None:
+def print_summary(runs: list[tuple[Connected, list[Result]]], names: list[str]) -> None:
     rows = []
-    for c, results in runs:
+    for (c, results), name in zip(runs, names, strict=True):
         by = {r.phase.name: r for r in results}
 
         def cell(name: str, what: str, by: dict[str, Result] = by) -> str:
@@ -849,6 +918,7 @@ def print_summary(runs: list[tuple[Connected, list[Result]]]) -> None:
 
         rows.append(
             [
+                name,
                 f"{c.sockets:,}",
                 f"{c.rate:,.0f}/s",
                 f"{c.rss_per_socket_kib:.1f}",
@@ -861,11 +931,49 @@ def print_summary(runs: list[tuple[Connected, list[Result]]]) -> None:
                 f"{sum(sum(r.gateway_drops.values()) for r in results):.0f}",
             ]
         )
-    headers = ["L", "connect+auth", "KiB/conn"]
+    headers = ["gateway, clients", "L", "connect+auth", "KiB/conn"]
     headers += [f"light p50/p99 {a}" for a in ("1", "10%", "100%")]
     headers += [f"sat. deliveries/s {a}" for a in ("1", "10%", "100%")]
     headers += [f"gw µs/delivery {a}" for a in ("1", "10%", "100%")]
     headers += ["sat. 100% p50/p99", "longest stall", "dropped (client/gateway)"]
+    print(common.table(headers, rows))
+
+
+def print_comparison(
+    runs: list[tuple[Connected, list[Result]]],
+    keys: list[tuple[int, int, Variant]],
+    tried: list[Variant],
+) -> None:
+    """Gateway CPU per delivery of every variant against the first, round by round."""
+    first = tried[0]
+    by: dict[tuple[int, int, Variant], dict[str, Result]] = {
+        key: {r.phase.name: r for r in results} for key, (_, results) in zip(keys, runs, strict=True)
+    }
+    rows = []
+    for (n, round_, variant), results in by.items():
+        if variant == first:
+            continue
+        base = by.get((n, round_, first), {})
+        for name, r in results.items():
+            b = base.get(name)
+            if b is None or not r.deliveries or not b.deliveries:
+                continue
+            mine, theirs = r.gateway_cpu / r.deliveries, b.gateway_cpu / b.deliveries
+            rows.append(
+                [
+                    f"{n:,}",
+                    str(round_ + 1),
+                    name,
+                    f"{theirs * 1e6:.1f}",
+                    variant.name,
+                    f"{mine * 1e6:.1f}",
+                    f"{mine / theirs:.2f}" if theirs else "-",
+                    f"{b.deliveries / b.wall:,.0f} / {r.deliveries / r.wall:,.0f}",
+                ]
+            )
+    print(f"Gateway CPU per delivery, each variant against {first.name} of the same round:")
+    headers = ["L", "round", "phase", f"{first.name} µs", "variant", "its µs", "ratio"]
+    headers.append("deliveries/s (first / variant)")
     print(common.table(headers, rows))
 
 
@@ -879,20 +987,93 @@ def pin_gateway(pid: int, cpu: int) -> None:
     )
 
 
+@dataclass(frozen=True)
+class Variant:
+    """Which gateway (this checkout's, or ``--source``'s) and which protocol its clients speak."""
+
+    proto: int
+    source: str | None = None  # a PYTHONPATH directory laid out by attack_bench.package_layout
+    label: str = ""  # the commit or directory of ``source``
+
+    @property
+    def name(self) -> str:
+        return f"{self.label or 'this'}, proto {self.proto}"
+
+
+def variants(args: argparse.Namespace, workdir: str) -> list[Variant]:
+    """``--proto`` on this checkout's gateway, then protocol 1 on each ``--source``'s."""
+    found = [Variant(int(p)) for p in args.proto.split(",") if p]
+    for k, source in enumerate(args.source or []):
+        path = attack_bench.package_layout(Path(source), Path(workdir) / f"source{k}")
+        found.append(Variant(1, str(path), source_label(source)))
+    return found
+
+
+def source_label(source: str) -> str:
+    """``source``'s directory, and the commit ``git archive`` wrote into it if it says."""
+    name = Path(source).name
+    return name if name.startswith("bow-") else source
+
+
+def start_variant(
+    variant: Variant, redis: RedisServer | None, namespace: str
+) -> redis_bench.Gateways:
+    """One ``_gateway.py`` (through ``PYTHONPATH`` for another checkout's gateway)."""
+    env = dict(os.environ)
+    if variant.source:
+        env["PYTHONPATH"] = variant.source
+    command = [sys.executable, str(redis_bench.HERE / "_gateway.py"), "--namespace", namespace]
+    if redis is not None:
+        command += ["--redis", redis.url]
+    process = subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        cwd=variant.source or None,  # no bow_gateway in the cwd to shadow the one meant
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line:
+        process.wait(5)
+        raise SystemExit(f"the gateway did not start (exit status {process.returncode})")
+    started = json.loads(line)
+    port, pid = started["port"], started["pid"]
+    if variant.source and not started.get("bow_gateway", "").startswith(variant.source):
+        process.kill()
+        raise SystemExit(f"the gateway imported {started.get('bow_gateway')}, not the source's")
+    url = f"http://127.0.0.1:{port}"
+    backplane = "in-process backplane" if redis is None else "Redis backplane"
+    return redis_bench.Gateways(
+        description=f"_gateway.py of {variant.label or 'this checkout'} ({backplane}) on port "
+        f"{port}, pid {pid}; clients speak protocol {variant.proto}",
+        processes=[process],
+        pids=[pid],
+        socket_urls=[url],
+        post_urls=[url + gateway.PATH],
+        version=gateway.OUTBOUND_VERSION,
+        secret=gateway.SECRET,
+        user=gateway.USER,
+        password=gateway.PASSWORD,
+        controllable=True,
+    )
+
+
 def run_size(
-    args: argparse.Namespace, n: int, redis: RedisServer | None
+    args: argparse.Namespace, n: int, redis: RedisServer | None, variant: Variant = Variant(1)
 ) -> tuple[Connected, list[Result]]:
     if redis is not None:
         redis.flush()
     if args.quiet > 0:
         common.wait_for_quiet(args.quiet)
-    config = "redis" if redis is not None else "memory"
-    gateways = redis_bench.start_gateways(config, redis, "ports", f"fanout{n}", None)
+    gateways = start_variant(variant, redis, f"fanout{n}")
     pin_gateway(gateways.pids[0], args.server_cpu)
     print()
     print(f"== {n:,} sockets: {gateways.description}, pinned to CPU {args.server_cpu}", flush=True)
     try:
-        connected, results = asyncio.run(bench_one(args, n, gateways, redis.pid if redis else None))
+        connected, results = asyncio.run(
+            bench_one(args, n, gateways, redis.pid if redis else None, variant.proto)
+        )
     finally:
         gateways.stop()
     if results:
@@ -932,7 +1113,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--client-cpu", type=int, default=1)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--proto",
+        default="1",
+        help="protocols of the clients of this checkout's gateway, e.g. 1,2 to compare them",
+    )
+    parser.add_argument(
+        "--source",
+        action="append",
+        help="also run another checkout's gateway (protocol 1), e.g. /tmp/bow-5bc2fea "
+        "from `git archive`; repeatable",
+    )
+    parser.add_argument(
+        "--phases",
+        default="",
+        help="only these phases (comma-separated among " + ", ".join(PHASE_KEYS.values()) + ")",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run the variants (gateway, protocol) this many "
+        "times each, interleaved, for each L"
+    )
     args = parser.parse_args(argv)
+    args.phases = [p for p in args.phases.split(",") if p]
+    unknown = set(args.phases) - set(PHASE_KEYS.values())
+    if unknown:
+        parser.error(f"unknown phases {sorted(unknown)}")
     sizes = [int(s.replace("_", "")) for s in args.sockets.split(",") if s]
 
     soft, hard = redis_bench.raise_open_files_limit()
@@ -954,15 +1159,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.client_cpu}; open files limit {soft}"
     )
     runs = []
-    try:
-        for n in sizes:
-            runs.append(run_size(args, n, redis))
-    finally:
-        if redis is not None:
-            redis.stop()
+    names = []
+    keys: list[tuple[int, int, Variant]] = []
+    with tempfile.TemporaryDirectory(prefix="fanout-") as workdir:
+        tried = variants(args, workdir)
+        for variant in tried:
+            if variant.source:
+                print(f"{variant.name}: bow_gateway from {variant.source}")
+        try:
+            for n in sizes:
+                for round_ in range(args.rounds):
+                    for variant in tried:
+                        runs.append(run_size(args, n, redis, variant))
+                        names.append(variant.name)
+                        keys.append((n, round_, variant))
+        finally:
+            if redis is not None:
+                redis.stop()
     print()
     print("Summary (latency p50 / p99 per delivery; saturation = back to back):")
-    print_summary(runs)
+    print_summary(runs, names)
+    if len(tried) > 1:
+        print()
+        print_comparison(runs, keys, tried)
     dropped = sum(r.dropped + sum(r.gateway_drops.values()) for _, rs in runs for r in rs)
     failed = sum(len(c.failures) for c, _ in runs)
     print(f"\nload average now: {common.load_average()}")
