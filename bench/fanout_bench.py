@@ -947,7 +947,8 @@ def print_comparison(
     """Gateway CPU per delivery of every variant against the first, round by round."""
     first = tried[0]
     by: dict[tuple[int, int, Variant], dict[str, Result]] = {
-        key: {r.phase.name: r for r in results} for key, (_, results) in zip(keys, runs, strict=True)
+        key: {r.phase.name: r for r in results}
+        for key, (_, results) in zip(keys, runs, strict=True)
     }
     rows = []
     for (n, round_, variant), results in by.items():
@@ -1130,8 +1131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="only these phases (comma-separated among " + ", ".join(PHASE_KEYS.values()) + ")",
     )
     parser.add_argument(
-        "--rounds", type=int, default=1, help="run the variants (gateway, protocol) this many "
-        "times each, interleaved, for each L"
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the variants (gateway, protocol) this many times each, interleaved, for each L",
     )
     args = parser.parse_args(argv)
     args.phases = [p for p in args.phases.split(",") if p]
