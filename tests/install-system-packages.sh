@@ -9,6 +9,9 @@
 #                 the criteria job reads PostgreSQL with, in tests/test_criteria_job.py
 #   chromium chromium-driver  tests/test_cors.py drives headless Chromium with chromedriver to
 #                 check cross-origin access from a real browser
+#   nodejs npm    tests/test_official_client.py runs the official socket.io-client (its npm ci
+#                 installs it into tests/node/); NodeSource's nodejs, which bundles npm and
+#                 conflicts with Debian's npm package, will do as well
 #
 # Idempotent: a package already installed is left alone, and `apt-get update` runs only when
 # something must be installed. Root is needed only then: a non-root user with something missing
@@ -17,11 +20,13 @@
 #   sh tests/install-system-packages.sh && python3 -m venv .venv && ...
 set -eu
 
-PACKAGES="redis-server nginx openjdk-17-jre-headless libpostgresql-jdbc-java chromium chromium-driver"
+PACKAGES="redis-server nginx openjdk-17-jre-headless libpostgresql-jdbc-java chromium chromium-driver nodejs npm"
 
 installed() {
     # dpkg-query prints "install ok installed" for a package that is fully installed.
-    [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]
+    [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ] && return 0
+    # NodeSource's nodejs provides npm (and conflicts with Debian's): an npm on the PATH will do.
+    [ "$1" = npm ] && command -v npm >/dev/null 2>&1
 }
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
