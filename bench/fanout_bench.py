@@ -65,7 +65,6 @@ from typing import Any
 import _common as common
 import _gateway as gateway
 import aiohttp
-import attack_bench
 import redis_bench
 from _redis import RedisServer
 from bow_gateway.outbounds.jwt import mint
@@ -400,6 +399,7 @@ class Poster(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._waiter: asyncio.Future[int] | None = None
         self._buffer = b""
+        self.head = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -415,6 +415,7 @@ class Poster(asyncio.Protocol):
         if len(self._buffer) < stop:
             return
         status = int(self._buffer[9:12])
+        self.head = self._buffer[:end]  # the last answer's status line and headers
         self._buffer = self._buffer[stop:]
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
@@ -1002,12 +1003,29 @@ class Variant:
 
 
 def variants(args: argparse.Namespace, workdir: str) -> list[Variant]:
-    """``--proto`` on this checkout's gateway, then protocol 1 on each ``--source``'s."""
-    found = [Variant(int(p)) for p in args.proto.split(",") if p]
+    """``--proto`` on this checkout's (or ``--gateway``'s) gateway, then protocol 1 on each
+    ``--source``'s."""
+    import attack_bench  # here: it imports this module
+
+    main, label = None, ""
+    if args.gateway:  # a snapshot rather than the working tree, which others may be editing
+        main = str(attack_bench.package_layout(Path(args.gateway), Path(workdir) / "gateway"))
+        label = source_label(args.gateway)
+    found = [Variant(int(p), main, label) for p in args.proto.split(",") if p]
     for k, source in enumerate(args.source or []):
         path = attack_bench.package_layout(Path(source), Path(workdir) / f"source{k}")
         found.append(Variant(1, str(path), source_label(source)))
     return found
+
+
+def source_variant(source: str | None, proto: int, workdir: str) -> Variant:
+    """Protocol ``proto`` on ``source``'s gateway (a checkout), or on this working tree's."""
+    if not source:
+        return Variant(proto)
+    import attack_bench  # here: it imports this module
+
+    path = attack_bench.package_layout(Path(source), Path(workdir) / "source")
+    return Variant(proto, str(path), source_label(source))
 
 
 def source_label(source: str) -> str:
@@ -1017,7 +1035,7 @@ def source_label(source: str) -> str:
 
 
 def start_variant(
-    variant: Variant, redis: RedisServer | None, namespace: str
+    variant: Variant, redis: RedisServer | None, namespace: str, extra: Sequence[str] = ()
 ) -> redis_bench.Gateways:
     """One ``_gateway.py`` (through ``PYTHONPATH`` for another checkout's gateway)."""
     env = dict(os.environ)
@@ -1026,6 +1044,7 @@ def start_variant(
     command = [sys.executable, str(redis_bench.HERE / "_gateway.py"), "--namespace", namespace]
     if redis is not None:
         command += ["--redis", redis.url]
+    command += extra
     process = subprocess.Popen(
         command,
         stdin=subprocess.PIPE,
@@ -1118,6 +1137,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--proto",
         default="1",
         help="protocols of the clients of this checkout's gateway, e.g. 1,2 to compare them",
+    )
+    parser.add_argument(
+        "--gateway",
+        help="the gateway whose clients speak --proto: another checkout's (e.g. /tmp/bow-HEAD "
+        "from `git archive`) rather than this working tree's",
     )
     parser.add_argument(
         "--source",

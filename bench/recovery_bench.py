@@ -1,0 +1,344 @@
+"""Protocol 2's recovery: what replaying 1,000 messages from a window of 10,000 costs the gateway.
+
+Run:  .venv/bin/python bench/recovery_bench.py [--rounds 5] [--window 10000] [--replay 1000]
+      .venv/bin/python bench/recovery_bench.py --profile /tmp/recovery.prof   # + cProfile
+
+A plain script, not a test (issue 13, "Done when" (b): at most 50 ms of gateway CPU). It starts
+``_gateway.py`` (JWT outbound v1.3, claims middleware, pass-through inbound, in-process backplane,
+recovery at its defaults: ``max_count`` 10,000, ``max_age`` 120 s, ``max_replay`` 1,000) in a
+process of its own pinned to CPU 0, and pins itself to CPU 1. Then, ``--rounds`` times:
+
+1. one message to nobody (``[{"__id": "nobody"}]``): its ``Bow-Position`` is ``since``;
+2. ``--window`` messages (the window then holds exactly those: the marker has just left it, as
+   the last position forgotten, from which a recovery is still complete), of which ``--replay``
+   match listener ``bench-1`` (criteria ``{"all": true, "g10": false, "role": "author"}``):
+   alternately ``[{"__id": "bench-1"}]`` and ``[{"role": "author"}]``, the others
+   ``[{"__id": "bench-<k>"}]``, ``[{"role": "admin"}]``, ``[{"g10": true}]`` and
+   ``[{"all": false}]``, so that every one of the window's messages costs an audience check;
+   payloads of ``--payload`` bytes; POSTed 16 at a time;
+3. the gateway's CPU time (``cpu``: ``CLOCK_PROCESS_CPUTIME_ID`` of the gateway process, in ns,
+   read through ``_gateway.py``'s control channel, so it is exact, not in 10 ms ticks) and its
+   stall probe are read; a lean protocol-2 websocket client (``fanout_bench.LeanClient``:
+   ``&proto=2``, ``authenticate`` with ``(token, {"since": since}, ack)``) connects, and the
+   measurement ends when it has read the ack and every replayed event; the gateway's CPU time is
+   read again. The client checks the ack (``recovered: true``) and that it received exactly the
+   expected positions, in order, each with ``replayed: true``;
+4. the same listener connects again without ``since``: the CPU of a bare connect + authenticate
+   (the baseline to subtract; its own criteria event then takes a place in the next window).
+
+Printed per round: the ack, the gateway CPU of the recovery and of the bare connection, their
+difference (what the recovery itself costs), the wall time from the TCP connect to the last
+replayed event, and the gateway's longest event-loop stall meanwhile. The exit status is 1 when a
+recovery did not recover everything or the median recovery costs more than ``--target-ms``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import _common as common
+import _gateway as gateway
+import fanout_bench as fanout
+import redis_bench
+from bow_gateway.outbounds.jwt import mint
+
+LISTENER = 1  # bench-1: {"all": true, "g10": false, "role": "author"}
+MATCHING = (b'[{"__id":"bench-1"}]', b'[{"role":"author"}]')
+OTHERS = (b'[{"role":"admin"}]', b'[{"g10":true}]', b'[{"all":false}]')
+
+
+class RecoveringClient(fanout.LeanClient):
+    """A protocol-2 lean client that keeps every event it receives: ``(position, replayed)``.
+
+    ``done`` resolves once the ack has come and ``expected`` replayed events have been read (at
+    once after the ack when ``expected`` is 0 or the ack says ``recovered`` is not true).
+    """
+
+    def __init__(self, host: str, token: str, options: dict[str, Any], expected: int = 0) -> None:
+        super().__init__(fanout.Books(), host, token, proto=2, options=options)
+        self.expected = expected
+        self.events: list[tuple[str | None, bool]] = []
+        self.replayed = 0
+        self.acked = False
+        self.done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+
+    def _acknowledged(self, payload: bytes) -> None:
+        super()._acknowledged(payload)
+        self.acked = True
+        self._check()
+
+    def _event(self, payload: bytes) -> fanout.Message | None:
+        try:
+            name, *args = json.loads(payload[2:])
+        except ValueError:
+            return None
+        meta = args[1] if len(args) > 1 and isinstance(args[1], dict) else {}
+        if name == fanout.EVENT:
+            replayed = bool(meta.get("replayed"))
+            self.events.append((meta.get("position"), replayed))
+            self.position = meta.get("position") or self.position
+            if replayed:
+                self.replayed += 1
+                self._check()
+            return None
+        return super()._event(payload)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.books.closing = True
+        super().connection_lost(exc)
+        if not self.done.done():
+            self.done.set_exception(ConnectionError(self.reason or "connection lost"))
+
+    def _check(self) -> None:
+        if self.done.done() or not self.acked:
+            return
+        result = self.result if isinstance(self.result, dict) else {}
+        if self.replayed >= self.expected or result.get("recovered") is not True:
+            self.done.set_result(time.perf_counter())
+
+
+def audience(k: int, every: int) -> bytes:
+    """Message ``k`` of a window: every ``every``-th matches bench-1, the others do not."""
+    if k % every == 0:
+        return MATCHING[(k // every) % 2]
+    choice = k % 4
+    if choice == 3:
+        return b'[{"__id":"bench-%d"}]' % (1000 + k)
+    return OTHERS[choice]
+
+
+async def post_window(posters: fanout.Posters, count: int, every: int, body: bytes) -> int:
+    """POST ``count`` messages, 16 at a time; the number that failed."""
+    failed = 0
+    queue = iter(range(count))
+
+    async def worker() -> None:
+        nonlocal failed
+        for k in queue:
+            payload = b'{"name":"%s","audience":%s,"payload":%s}' % (
+                fanout.EVENT.encode(),
+                audience(k, every),
+                body % k,
+            )
+            if await posters.post(payload) != 204:
+                failed += 1
+
+    await asyncio.gather(*(worker() for _ in range(16)))
+    return failed
+
+
+def header(head: bytes, name: bytes) -> str | None:
+    for line in head.split(b"\r\n")[1:]:
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == name.lower():
+            return value.strip().decode()
+    return None
+
+
+async def connect(
+    host: str, port: int, client: RecoveringClient, timeout: float = 60.0
+) -> tuple[float, float]:
+    """Open ``client``; (perf_counter at the start, at the end)."""
+    loop = asyncio.get_running_loop()
+    started = time.perf_counter()
+    await loop.create_connection(lambda: client, host, port)
+    ended = await asyncio.wait_for(client.done, timeout)
+    return started, ended
+
+
+async def bench(args: argparse.Namespace, gateways: redis_bench.Gateways) -> list[dict[str, Any]]:
+    port = int(gateways.socket_urls[0].rsplit(":", 1)[1])
+    host = args.host
+
+    async def command(text: str) -> dict[str, Any]:
+        return (await gateways.command(text))[0]
+
+    posters = fanout.Posters(host, port)
+    posters.grow(16)
+    marker = fanout.Poster(f"{host}:{port}", posters._authorization)
+    await asyncio.get_running_loop().create_connection(lambda: marker, host, port)
+    token = mint(
+        redis_bench.listener_id(LISTENER), gateway.SECRET, criteria=redis_bench.criteria(LISTENER)
+    )
+    # payload: {"k": <n>, "text": "xxx..."}, about --payload bytes
+    body = b'{"k":%d,"text":"' + b"x" * max(0, args.payload - 20) + b'"}'
+    every = args.window // args.replay
+    rounds = []
+    for round_ in range(args.rounds):
+        status = await marker.post(
+            b'{"name":"%s","audience":[{"__id":"nobody"}]}' % fanout.EVENT.encode()
+        )
+        since = header(marker.head, b"bow-position")
+        if status != 204 or not since:
+            raise SystemExit(f"the marker message got {status}, Bow-Position {since!r}")
+        count = args.window
+        started = time.perf_counter()
+        failed = await post_window(posters, count, every, body)
+        posting = time.perf_counter() - started
+        expected = sum(1 for k in range(count) if k % every == 0)
+        await asyncio.sleep(args.settle)  # the gateway has delivered (to nobody) every message
+        await command("stall")
+        await command("gc")
+        if args.profile:
+            os.kill(gateways.pids[0], signal.SIGUSR1)
+        cpu_before = (await command("cpu"))["cpu_ns"]
+        client = RecoveringClient(f"{host}:{port}", token, {"since": since}, expected)
+        begun, ended = await connect(host, port, client)
+        cpu_after = (await command("cpu"))["cpu_ns"]
+        if args.profile:
+            os.kill(gateways.pids[0], signal.SIGUSR2)
+        stall = (await command("stall"))["stall"]["longest"]
+        collections = (await command("gc"))["gc"]
+        client.close()
+        await asyncio.sleep(0.2)
+        # the baseline: the same listener, a bare connect + authenticate
+        bare = RecoveringClient(f"{host}:{port}", token, {}, 0)
+        bare_before = (await command("cpu"))["cpu_ns"]
+        bare_begun, bare_ended = await connect(host, port, bare)
+        bare_after = (await command("cpu"))["cpu_ns"]
+        bare.close()
+        await asyncio.sleep(0.2)
+        result = client.result if isinstance(client.result, dict) else {}
+        positions = [p for p, replayed in client.events if replayed]
+        ok = (
+            result.get("recovered") is True
+            and client.replayed == expected
+            and len(positions) == len(set(positions))
+            and all(replayed for _, replayed in client.events[:expected])
+        )
+        row = {
+            "round": round_ + 1,
+            "window": count,
+            "posted in": posting,
+            "failed posts": failed,
+            "ack": {k: result.get(k) for k in ("recovered", "reason", "position")},
+            "expected": expected,
+            "replayed": client.replayed,
+            "live": len(client.events) - client.replayed,
+            "ok": ok,
+            "recovery cpu": (cpu_after - cpu_before) / 1e9,
+            "bare cpu": (bare_after - bare_before) / 1e9,
+            "recovery wall": ended - begun,
+            "bare wall": bare_ended - bare_begun,
+            "stall": stall,
+            "gc": max(collections["longest"]),
+        }
+        rounds.append(row)
+        print(
+            f"  round {round_ + 1}: window of {count:,} (posted in {posting:.1f} s, "
+            f"{failed} failed); ack {row['ack']}; replayed {client.replayed:,} of {expected:,} "
+            f"({'ok' if ok else 'WRONG'}); gateway CPU {row['recovery cpu'] * 1e3:.1f} ms "
+            f"(bare connect + authenticate {row['bare cpu'] * 1e3:.1f} ms); wall "
+            f"{row['recovery wall'] * 1e3:.1f} ms; longest stall {stall * 1e3:.1f} ms, "
+            f"longest GC {row['gc'] * 1e3:.1f} ms",
+            flush=True,
+        )
+    return rounds
+
+
+def print_summary(rounds: list[dict[str, Any]], target_ms: float) -> bool:
+    headers = [
+        "round",
+        "window",
+        "replayed",
+        "recovered",
+        "gateway CPU",
+        "bare connect+auth",
+        "recovery alone",
+        "per replayed msg",
+        "wall (connect to last)",
+        "longest stall",
+        "longest GC",
+    ]
+    rows = []
+    for r in rounds:
+        alone = r["recovery cpu"] - r["bare cpu"]
+        rows.append(
+            [
+                str(r["round"]),
+                f"{r['window']:,}",
+                f"{r['replayed']:,} / {r['expected']:,}",
+                "yes" if r["ok"] else "NO",
+                f"{r['recovery cpu'] * 1e3:.1f} ms",
+                f"{r['bare cpu'] * 1e3:.1f} ms",
+                f"{alone * 1e3:.1f} ms",
+                f"{alone * 1e6 / max(r['replayed'], 1):.1f} µs",
+                f"{r['recovery wall'] * 1e3:.1f} ms",
+                f"{r['stall'] * 1e3:.1f} ms",
+                f"{r['gc'] * 1e3:.1f} ms",
+            ]
+        )
+    print(common.table(headers, rows))
+    cpu = [r["recovery cpu"] * 1e3 for r in rounds]
+    median = statistics.median(cpu)
+    met = median <= target_ms and all(r["ok"] for r in rounds)
+    print(
+        f"gateway CPU of a recovery (connect + authenticate + recover + replay): median "
+        f"{median:.1f} ms, range {min(cpu):.1f}-{max(cpu):.1f} ms; target {target_ms:g} ms: "
+        + ("MET" if met else "MISSED")
+    )
+    return met
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--window", type=int, default=10_000, help="messages after since")
+    parser.add_argument("--replay", type=int, default=1_000, help="of which match the listener")
+    parser.add_argument("--payload", type=int, default=200, help="bytes of each payload")
+    parser.add_argument("--settle", type=float, default=1.0, help="s after posting")
+    parser.add_argument("--target-ms", type=float, default=50.0)
+    parser.add_argument("--profile", help="cProfile the gateway during the recoveries (a file)")
+    parser.add_argument("--source", help="another checkout's gateway (see fanout_bench.py)")
+    parser.add_argument("--server-cpu", type=int, default=0)
+    parser.add_argument("--client-cpu", type=int, default=1)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--quiet", type=float, default=30.0, help="s to wait for a quiet machine")
+    args = parser.parse_args(argv)
+    if args.window % args.replay:
+        parser.error("--window must be a multiple of --replay")
+
+    print(common.environment(["aiohttp", "python-socketio", "python-engineio", "PyJWT"]))
+    print(f"bow_gateway: {args.source or redis_bench.git_state()}")
+    os.sched_setaffinity(0, {args.client_cpu})
+    if args.quiet > 0:
+        common.wait_for_quiet(args.quiet)
+    workdir = tempfile.mkdtemp(prefix="recovery-")
+    variant = fanout.source_variant(args.source, 2, workdir)
+    extra = ["--profile", args.profile] if args.profile else []
+    gateways = fanout.start_variant(variant, None, "recovery", extra)
+    fanout.pin_gateway(gateways.pids[0], args.server_cpu)
+    print(
+        f"gateway: {gateways.description}, pinned to CPU {args.server_cpu}; this process on CPU "
+        f"{args.client_cpu}; {args.rounds} rounds of {args.replay:,} of {args.window:,} "
+        f"messages of ~{args.payload} bytes",
+        flush=True,
+    )
+    try:
+        rounds = asyncio.run(bench(args, gateways))
+        counters = asyncio.run(gateways.command("recoveries"))[0]
+    finally:
+        gateways.stop()
+    print(f"the gateway's recovery metrics: {counters.get('recoveries')}")
+    met = print_summary(rounds, args.target_ms)
+    if args.profile:
+        print(f"cProfile of the recoveries (the last round only): {args.profile}")
+    print(f"load average now: {common.load_average()}")
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
