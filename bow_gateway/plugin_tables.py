@@ -59,8 +59,14 @@ def read_plugins(
             middleware_version=_string(table, "middleware_version", name),
             reference=table[key],
             table=name,
+            anonymous_criteria=table.get("anonymous_criteria"),
         )
-        for name, table in _tables(document, "outbounds", {"version", "middleware_version"})
+        for name, table in _tables(
+            document,
+            "outbounds",
+            {"version", "middleware_version"},
+            frozenset({"anonymous_criteria"}),
+        )
     )
     health_check = None
     if document.get("health_check") is not None:
@@ -69,12 +75,12 @@ def read_plugins(
 
 
 def _tables(
-    document: Mapping[str, Any], key: str, strings: set[str]
+    document: Mapping[str, Any], key: str, strings: set[str], optional: frozenset[str] = frozenset()
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     tables = document.get(key, [])
     if not isinstance(tables, list) or not all(isinstance(t, Mapping) for t in tables):
         raise ValueError(f"{key} must be a list of tables, written [[{key}]]")
-    allowed = {*strings, FUNCTION_KEYS[key], "options"}
+    allowed = {*strings, FUNCTION_KEYS[key], "options", *optional}
     for number, table in enumerate(tables, start=1):
         name = f"[[{key}]] #{number}"
         unknown = sorted(set(table) - allowed)
@@ -82,7 +88,7 @@ def _tables(
             raise ValueError(
                 f"{name}: unknown key {unknown[0]!r} (expected {', '.join(sorted(allowed))})"
             )
-        missing = sorted(k for k in allowed - {"options"} if k not in table)
+        missing = sorted(k for k in allowed - {"options", *optional} if k not in table)
         if missing:
             raise ValueError(f"{name}: {missing[0]} is missing")
         yield name, dict(table)

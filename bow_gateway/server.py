@@ -14,7 +14,7 @@ from aiohttp import web
 from .backplanes import Backplane, Gap, backplane_from_config
 from .config import Config, load_config
 from .control import Control, check_inbound_paths, count_answer
-from .criteria import ListenerId
+from .criteria import ID_KEY, ListenerId, validate_criteria
 from .gc_freeze import freeze_after_connects, release_closed_transports
 from .history import History
 from .http_server import app_runner, handshake_limits
@@ -147,7 +147,7 @@ class Bow:
             version,
             create_listener_details_from_token,
             _version("middleware_version", middleware_version),
-            anonymous_criteria=None if anonymous_criteria is None else dict(anonymous_criteria),
+            anonymous_criteria=_anonymous(anonymous_criteria),
         )
         self._middleware_references.append((f"outbound {version!r}", middleware_version))
         return self
@@ -458,6 +458,18 @@ class Bow:
                     f"{what} names middleware version {middleware_version!r}, "
                     f"which is not registered (registered: {known})"
                 )
+
+
+def _anonymous(criteria: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Anonymous criteria, checked as a middleware's are (without ``__id``: they have none)."""
+    if criteria is None:
+        return None
+    try:
+        checked: dict[str, Any] = validate_criteria(criteria, "anonymous")
+    except ValueError as error:
+        raise ValueError(f"anonymous_criteria: {error}") from None
+    del checked[ID_KEY]
+    return checked
 
 
 def _version(field: str, version: Any) -> str:

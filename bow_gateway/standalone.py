@@ -229,6 +229,7 @@ def build_bow(settings: Settings) -> Bow:
                 version=outbound.version,
                 create_listener_details_from_token=outbound.create_listener_details_from_token,
                 middleware_version=outbound.middleware_version,
+                anonymous_criteria=outbound.anonymous_criteria,
             )
     if settings.health_check is not None:
         bow.health_check(settings.health_check)

@@ -505,3 +505,44 @@ def test_own_secrets_start_without_a_warning(
     with caplog.at_level(logging.WARNING, logger="bow_gateway.standalone"):
         load_settings(str(EXAMPLE), environ=environ)
     assert warnings_of(caplog) == []
+
+
+async def test_an_outbound_table_may_give_anonymous_criteria(
+    tmp_path: Path, start_bow: StartBow
+) -> None:
+    module = write_plugins(tmp_path)
+    text = plugin_config(module).replace(
+        '        middleware_version = "v2"\n    ',
+        '        middleware_version = "v2"\n        anonymous_criteria = { public = true }\n    ',
+    )
+    settings = load_settings(write_config(tmp_path, text), environ={})
+    assert settings.outbounds[0].anonymous_criteria == {"public": True}
+    bow = await start_bow(build_bow(settings))
+    listener = Listener(f"http://127.0.0.1:{bow.port}")
+    try:
+        await listener.connect("v2.1&proto=2")
+        result = await listener.client.call("authenticate", (None, {}), timeout=5)
+        assert result["id"] is None
+    finally:
+        await listener.close()
+
+
+@pytest.mark.parametrize(
+    ("criteria", "error"),
+    [({"__id": "x"}, "must not set __id"), ({"room": {}}, "room"), ("public", "mapping")],
+)
+def test_bad_anonymous_criteria_are_refused_at_registration(criteria: Any, error: str) -> None:
+    bow = Bow(
+        {
+            "port": 0,
+            "inbound": {"realm": "r", "username": "u", "password": "p"},
+            "outbound": {"timeout": 1},
+        }
+    )
+    with pytest.raises(ValueError, match=f"anonymous_criteria: .*{error}"):
+        bow.outbound(
+            version="1",
+            create_listener_details_from_token=lambda token: {"id": token},
+            middleware_version="1",
+            anonymous_criteria=criteria,
+        )
