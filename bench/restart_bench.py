@@ -144,7 +144,14 @@ async def wait_for(condition: Any, timeout: float) -> bool:
 async def bench(args: argparse.Namespace, redis: RedisServer, workdir: str) -> int:
     rng = random.Random(args.seed)
     variant = fanout.source_variant(args.source, 2, workdir)
-    gateways = fanout.start_variant(variant, redis, "restart")
+    try:
+        gateways = fanout.start_variant(variant, redis, "restart")
+    except SystemExit as error:
+        print(
+            f"CANNOT RUN: {error} with the Redis backplane (its traceback above; before the "
+            "Redis backplane has positions, RedisBackplane cannot be instantiated)"
+        )
+        return 2
     fanout.pin_gateway(gateways.pids[0], args.server_cpu)
     port = int(gateways.socket_urls[0].rsplit(":", 1)[1])
     print(f"gateway: {gateways.description}, pinned to CPU {args.server_cpu}", flush=True)
@@ -164,13 +171,8 @@ async def bench(args: argparse.Namespace, redis: RedisServer, workdir: str) -> i
             f"{time.perf_counter() - started:.2f} s",
             flush=True,
         )
-        acks = [c.result if c is not None else None for c in fleet.clients]
-        if not all(isinstance(a, dict) and a.get("position") for a in acks):
-            sample = next(a for a in acks if not (isinstance(a, dict) and a.get("position")))
-            print(
-                f"CANNOT RUN: an ack without a position ({sample!r}): this gateway's Redis "
-                "backplane gives no positions yet"
-            )
+        if not all(c is not None and isinstance(c.result, dict) for c in fleet.clients):
+            print("CANNOT RUN: an ack without a result object: this gateway has no protocol 2")
             return 2
 
         # 2. some messages, one at a time; each client keeps its last position
@@ -188,6 +190,13 @@ async def bench(args: argparse.Namespace, redis: RedisServer, workdir: str) -> i
         if not await wait_for(all_received, 30) or failed:
             print(f"WARNING: not every message was delivered before the restart ({failed} failed)")
         positions = [c.position if c is not None else None for c in fleet.clients]
+        if not all(positions):
+            print(
+                f"CANNOT RUN: {positions.count(None)} clients received no position (e.g. events "
+                f"{next(c.events for c in fleet.clients if c is not None and not c.position)}): "
+                "this gateway's backplane gives none"
+            )
+            return 2
         print(
             f"{args.before} messages before the restart ({sum(wanted):,} deliveries); every "
             f"client recorded its last position (e.g. {positions[0]!r})",
