@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
+from socket import AF_INET, AF_INET6, SO_SNDBUF, SOL_SOCKET
 from typing import Final
 
 from ..seams import websocket_frame
 from .connection import Connection
 
 REPLAY_LOW_WATER: Final = 65_536  # a replay writes on while the socket buffers less than this
+KERNEL_BUFFER_MAX: Final = 262_144  # the most of a websocket's send buffer left to the kernel
 
 
 class Writer:
@@ -52,6 +54,7 @@ class Writer:
                     return False
                 return socket.enqueue(encoded.decode())
             transport = connection.transport = socket.transport
+            self._bound_kernel_buffer(transport)
         if transport.is_closing():
             return False
         if transport.get_write_buffer_size() > self.max_buffered_bytes:
@@ -59,6 +62,21 @@ class Writer:
             return False
         transport.write(frame if frame is not None else websocket_frame(b"4" + encoded))
         return True
+
+    def _bound_kernel_buffer(self, transport: asyncio.Transport) -> None:
+        """Fix a websocket's kernel send buffer to a quarter of ``max_buffered_bytes`` (at most
+        256 KiB; Linux doubles it). Left to autotune, it grew to ``tcp_wmem``'s maximum (4 MiB
+        by default) for a client that stopped reading before the transport's buffer, the one
+        ``max_buffered_bytes`` bounds, held a byte: 1 MiB meant 5 MiB waiting, and a replay was
+        written into it at once rather than as fast as the client reads."""
+        raw = transport.get_extra_info("socket")
+        if raw is None or raw.family not in (AF_INET, AF_INET6):
+            return
+        size = max(4_096, min(self.max_buffered_bytes // 4, KERNEL_BUFFER_MAX))
+        try:
+            raw.setsockopt(SOL_SOCKET, SO_SNDBUF, size)
+        except OSError:  # closed meanwhile: the write below finds out
+            pass
 
     def write_alert(self, connection: Connection, encoded: bytes) -> None:
         """Send a last packet to a connection being closed, ahead of anything waiting."""
@@ -83,14 +101,23 @@ class Writer:
 
     async def replay(self, connection: Connection, packets: list[bytes]) -> None:
         """Write ``packets`` as fast as the client reads them; what is delivered meanwhile waits
-        behind them (:attr:`Connection.backlog`), bounded by ``max_buffered_bytes``."""
+        behind them (:attr:`Connection.backlog`), bounded by ``max_buffered_bytes``.
+
+        Only those count in :attr:`Connection.backlog_bytes`: the replay itself is bounded by
+        ``recovery.max_replay``, and counting it closed as slow (4008) a client reading a replay
+        over ``max_buffered_bytes`` as fast as it could, as soon as one message was delivered
+        meanwhile."""
         connection.backlog = backlog = deque(packets)
-        connection.backlog_bytes = sum(map(len, packets))
+        connection.backlog_bytes = 0
+        replaying = len(packets)  # how many of the first packets in ``backlog`` are the replay's
         try:
             while backlog and connection.closing is None:
                 while backlog and self.buffered(connection) < REPLAY_LOW_WATER:
                     encoded = backlog.popleft()
-                    connection.backlog_bytes -= len(encoded)
+                    if replaying:
+                        replaying -= 1
+                    else:
+                        connection.backlog_bytes -= len(encoded)
                     connection.backlog = None
                     written = self.write(connection, encoded)
                     connection.backlog = backlog
