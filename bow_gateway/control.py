@@ -135,7 +135,7 @@ def check_inbound_paths(paths: Iterable[str], prefix: str) -> None:
 
 
 def count_answer(result: tuple[int, Collection[ListenerId]], count_max_ids: int) -> bytes:
-    """This instance's answer to a count, from ``outbound.count(audience)``:
+    """This instance's answer to a count, from ``outbound.delivery.count(audience)``:
     ``{"sockets": n, "ids": [...]}``, ids ``null`` when there are over ``count_max_ids``."""
     sockets, ids = result
     return dumps({"sockets": sockets, "ids": list(ids) if len(ids) <= count_max_ids else None})

@@ -238,7 +238,7 @@ class Bow:
             interval = config.log_interval
             supervise("listener count", lambda: self._log_listeners(interval))
         supervise("loop lag probe", self._probe_loop_lag)
-        supervise("position teller", outbound.tell_positions)
+        supervise("position teller", outbound.delivery.tell_positions)
         if config.gc_freeze:
             supervise("gc freezer", lambda: freeze_after_connects(lambda: outbound.connects))
         try:
@@ -397,7 +397,7 @@ class Bow:
         async for entry in backplane.events():
             if isinstance(entry, Gap):
                 history.restart(entry.position)
-                outbound.gap(entry.position, entry.reason)
+                outbound.delivery.gap(entry.position, entry.reason)
                 continue
             try:
                 event = decode_event(entry.data)
@@ -406,11 +406,11 @@ class Bow:
                     metrics.backplane_lag_seconds.set(max(0.0, time.time() - accepted_at))
                 self._remember(entry.position, event)  # first: a recovery meanwhile ends here
                 if isinstance(event, CountEvent):
-                    sockets, ids = outbound.count(event.audience)
+                    sockets, ids = outbound.delivery.count(event.audience)
                     answer = count_answer((sockets, ids), self.config.count_max_ids)
                     outbound.spawn(backplane.answer(event.request_id, answer))
                     continue
-                await outbound.deliver(entry.position, event)
+                await outbound.delivery.deliver(entry.position, event)
                 if accepted_at:
                     metrics.latency_seconds.observe(max(0.0, time.time() - accepted_at))
             except Exception:  # one bad event must not stop delivery of the next ones

@@ -171,7 +171,9 @@ async def test_a_closed_connection_leaves_no_reference_cycles(
                 clients.stdin.write(b"close\n")
             if mode == "disconnected":
                 audience = [{"__id": f"USER/{n}"} for n in range(SOCKETS)]
-                await outbound.deliver("-", MessageEvent("1.1", Message(DISCONNECT, audience)))
+                await outbound.delivery.deliver(
+                    "-", MessageEvent("1.1", Message(DISCONNECT, audience))
+                )
             if mode != "killed":
                 assert await asyncio.wait_for(clients.stdout.readline(), WAIT) == b"closed\n"
             await until(

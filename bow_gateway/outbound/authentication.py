@@ -9,60 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from .. import codes
-from ..codes import Code
 from ..criteria import ID_KEY, Criteria, ListenerId, validate_criteria, validate_listener_details
-from ..history import DISABLED, History, Recovery
-from ..index import CriteriaIndex, IndexKey, entries_of, matches
-from ..message import CriteriaEvent, Event
-from ..metrics import Metrics
-from ..plugins import CreateCriteriaFromListenerDetails, OutboundPlugin, WatchesCriteria
+from ..message import CriteriaEvent
+from ..plugins import OutboundPlugin, WatchesCriteria
 from ..userfn import call_user_function, describe
 from . import codec
-from .connection import Connection, Settings, logger
-from .writer import Writer
-
-
-class Sockets(Protocol):
-    """What authentication needs of the outbound (:class:`~.sockets.SocketOutbound`)."""
-
-    connections: dict[str, Connection]
-    deadlines: dict[str, asyncio.TimerHandle]
-    indices: Mapping[str, CriteriaIndex[Connection]]
-    middlewares: Mapping[str, CreateCriteriaFromListenerDetails]
-    settings: Settings
-    history: History
-    metrics: Metrics
-    writer: Writer
-    publish: Callable[[Event], Awaitable[object]]
-
-    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
-
-    def index(self, connection: Connection, key: IndexKey, criteria: Criteria) -> None: ...
-
-    def unindex(self, connection: Connection) -> None: ...
-
-    def close(
-        self,
-        connection: Connection,
-        code: Code,
-        text: str,
-        *,
-        kind: str | None = None,
-        reconnect: str | None = None,
-    ) -> None: ...
-
-
-class Refusal(Exception):
-    """Authentication failed with ``code``; the text is what the client reads in its alert."""
-
-    def __init__(self, text: str, code: Code = codes.AUTH_REFUSED) -> None:
-        super().__init__(text)
-        self.code = code
+from .connection import Connection, logger
+from .expiry import Expiry, Refusal
+from .parts import Sockets
+from .recovery import ack_result
 
 
 class Authenticator:
@@ -79,6 +38,7 @@ class Authenticator:
         self._claim = claim
         self._release = release
         self._refreshes: dict[str, int] = {}  # per middleware version: refreshes begun
+        self.expiry = Expiry(outbound)
 
     async def authenticate(self, sid: str, eio_sid: str, args: list[Any], ack_id: Any) -> None:
         outbound = self._outbound
@@ -130,7 +90,7 @@ class Authenticator:
             if not await self._take_place(connection, listener_id):
                 return
         self._index(connection, listener_id, details, criteria)
-        result = self._result(connection, listener_id, criteria, options)
+        result = ack_result(self._outbound, connection, listener_id, criteria, options)
         replay = None if result is None else result.pop("_replay", None)
         outbound.writer.write(connection, codec.ack(ack_id, result, proto=connection.proto))
         outbound.metrics.authentications.labels(version, "accepted").inc()
@@ -196,62 +156,7 @@ class Authenticator:
             outbound.middlewares[connection.outbound.middleware_version], WatchesCriteria
         ):
             connection.details = details  # to recompute the criteria when they change
-        self._arm_expiry(connection, None if details is None else details.get("exp"))
-
-    def _result(
-        self,
-        connection: Connection,
-        listener_id: ListenerId | None,
-        criteria: Criteria,
-        options: Mapping[str, Any],
-    ) -> dict[str, Any] | None:
-        """The protocol-2 ack's result (with the packets to replay under ``_replay``)."""
-        if connection.proto == 1:
-            return None
-        outbound = self._outbound
-        history = outbound.history
-        expires_in = None if connection.exp is None else max(0.0, connection.exp - time.time())
-        result: dict[str, Any] = {
-            "id": listener_id,
-            "position": history.last,
-            "recovered": None,
-            "reason": None,
-            "criteria_changed": None,
-            "expires_in": expires_in,
-        }
-        since = options.get("since")
-        if since is None:
-            return result
-        entries = entries_of(criteria)
-        if outbound.settings.recovery_enabled:
-            recovery = history.recover(
-                since,
-                lambda audience: matches(entries, listener_id, audience),
-                outbound.settings.max_replay,
-            )
-        else:
-            recovery = Recovery(False, DISABLED, history.last)
-        outbound.metrics.recoveries.labels(
-            "recovered" if recovery.recovered else "not_recovered", recovery.reason or "none"
-        ).inc()
-        before = (
-            None
-            if listener_id is None
-            else history.criteria_at(since, connection.outbound.middleware_version, listener_id)
-        )
-        result.update(
-            position=recovery.position,
-            recovered=recovery.recovered,
-            reason=recovery.reason,
-            criteria_changed=before is not None and before != entries,
-        )
-        if recovery.replay:
-            outbound.metrics.replayed.inc(len(recovery.replay))
-            result["_replay"] = [
-                codec.positioned_event(event.message, position, replayed=True)
-                for position, event in recovery.replay
-            ]
-        return result
+        self.expiry.arm(connection, None if details is None else details.get("exp"))
 
     async def _criteria_for(
         self, connection: Connection, token: Any
@@ -270,7 +175,7 @@ class Authenticator:
             raise Refusal(f"{describe(listener_fn)} did not answer within {timeout:g} s") from None
         except Exception as error:  # noqa: BLE001 - a refusal, whatever the user's code raised
             raise Refusal(f"the token was refused: {error}") from None
-        self._check_exp(connection, details)
+        self.expiry.check(connection, details)
         listener_id = details["id"]
         return details, await self._criteria(outbound, details, listener_id)
 
@@ -293,56 +198,6 @@ class Authenticator:
             return validate_criteria(raw, listener_id)
         except ValueError as error:
             raise Refusal(f"invalid criteria for listener {listener_id!r}: {error}") from None
-
-    def _check_exp(self, connection: Connection, details: Mapping[str, Any]) -> None:
-        """``exp`` must be a number of seconds since the epoch, in the future (when enforced)."""
-        if not self._enforces_exp(connection) or details.get("exp") is None:
-            return
-        exp = details["exp"]
-        if isinstance(exp, bool) or not isinstance(exp, int | float):
-            raise Refusal(f"exp must be seconds since the Unix epoch, not {type(exp).__name__}")
-        if exp <= time.time():
-            raise Refusal("the token has expired", codes.TOKEN_EXPIRED)
-
-    def _enforces_exp(self, connection: Connection) -> bool:
-        return connection.proto == 2 or self._outbound.settings.expire_v1_sockets
-
-    def _arm_expiry(self, connection: Connection, exp: Any) -> None:
-        """At ``exp``: 4100 (protocol 2); at ``exp + grace``: 4003 and a disconnect."""
-        if connection.timer is not None:
-            connection.timer.cancel()
-            connection.timer = None
-        if exp is None or not self._enforces_exp(connection):
-            connection.exp = None
-            return
-        connection.exp = float(exp)
-        loop = asyncio.get_running_loop()
-        left = max(0.0, connection.exp - time.time())
-        if connection.proto == 2:
-            connection.timer = loop.call_later(left, self._refresh_required, connection)
-        else:
-            grace = self._outbound.settings.expiry_grace
-            connection.timer = loop.call_later(left + grace, self._expired, connection)
-
-    def _refresh_required(self, connection: Connection) -> None:
-        outbound = self._outbound
-        grace = outbound.settings.expiry_grace
-        outbound.writer.write(
-            connection,
-            codec.alert(
-                2,
-                codes.REFRESH_REQUIRED,
-                f"the token expires: authenticate again within {grace:g} s",
-                fatal=False,
-            ),
-        )
-        loop = asyncio.get_running_loop()
-        connection.timer = loop.call_later(grace, self._expired, connection)
-
-    def _expired(self, connection: Connection) -> None:
-        connection.timer = None
-        self._outbound.metrics.expiries.inc()
-        self._outbound.close(connection, codes.TOKEN_EXPIRED, "the token expired")
 
     def forget(self, connection: Connection) -> None:
         """The connection is gone: unindex it, cancel its timers, give back its place."""

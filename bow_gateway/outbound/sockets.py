@@ -18,26 +18,21 @@ import socketio
 
 from .. import codes
 from ..codes import Code
-from ..criteria import ID_KEY, Criteria, ListenerId
+from ..criteria import Criteria, ListenerId
 from ..history import History
-from ..index import CriteriaIndex, IndexKey, Query
+from ..index import CriteriaIndex, IndexKey
 from ..message import (
-    DISCONNECT,
-    CriteriaEvent,
     Event,
-    KickEvent,
-    MessageEvent,
-    SetCriteriaEvent,
 )
 from ..metrics import Metrics
 from ..plugins import CreateCriteriaFromListenerDetails, OutboundPlugin
-from ..seams import LeanSocket, socketio_server, websocket_frame
+from ..seams import LeanSocket, socketio_server
 from . import codec
 from .authentication import Authenticator
 from .connection import Connection, Settings, logger
+from .delivery import Delivery
 from .writer import Writer
 
-YIELD_EVERY: Final = 1_000  # sockets written between two yields to the event loop
 DEFAULT_SETTINGS: Final = Settings()
 CLOSE_AFTER: Final = 0.05  # seconds between a fatal alert and the disconnect that follows it
 
@@ -97,6 +92,7 @@ class SocketOutbound:
             self.sio.eio.sockets.get, self._too_slow, max_buffered_bytes=settings.max_buffered_bytes
         )
         self.authenticator = Authenticator(self, claim=claim, release=release)
+        self.delivery = Delivery(self)
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         """Run a per-socket job in the background, keeping a reference until it ends; one that
@@ -245,9 +241,9 @@ class SocketOutbound:
         self.writer.write_alert(
             connection, codec.alert(connection.proto, code, text, reconnect=reconnect)
         )
-        self.spawn(self._disconnect_soon(connection))
+        self.spawn(self.disconnect_soon(connection))
 
-    async def _disconnect_soon(self, connection: Connection) -> None:
+    async def disconnect_soon(self, connection: Connection) -> None:
         await asyncio.sleep(CLOSE_AFTER)  # a long-polling client fetches the alert meanwhile
         await self.sio.disconnect(connection.sid)
         await self.close_transport(connection.eio_sid)
@@ -280,126 +276,6 @@ class SocketOutbound:
     ) -> int:
         """Recompute held listeners' criteria after a middleware announced a change."""
         return await self.authenticator.refresh(middleware_version, listener_ids)
-
-    # -- delivery ---------------------------------------------------------------------------
-
-    async def deliver(self, position: str, event: Event) -> None:
-        """Apply one backplane event, read at ``position``: a message, or a control change."""
-        if isinstance(event, MessageEvent):
-            await self._deliver_message(position, event)
-        elif isinstance(event, CriteriaEvent):
-            index = self.indices.get(event.middleware_version)
-            if index is not None:
-                index.update(event.listener_id, event.criteria)
-        elif isinstance(event, SetCriteriaEvent):
-            for listener_id, criteria in event.changes:
-                for index in self.indices.values():
-                    index.update(listener_id, {**criteria, ID_KEY: listener_id})
-        elif isinstance(event, KickEvent):
-            self.metrics.kicks.inc(len(event.ids))
-            for connection in self._sockets_of(event.ids):
-                self.close(
-                    connection, codes.KICKED, event.reason or "kicked", reconnect=event.reconnect
-                )
-
-    def _sockets_of(self, listener_ids: list[ListenerId]) -> list[Connection]:
-        return [
-            connection
-            for index in self.indices.values()
-            for listener_id in listener_ids
-            if not isinstance(listener_id, bool)
-            for connection in list(index.sockets_of(listener_id))
-        ]
-
-    def count(self, audience: list[Query]) -> tuple[int, set[ListenerId]]:
-        """Authenticated sockets of this instance whose criteria match ``audience`` now, and
-        the distinct ids among them."""
-        sockets = 0
-        ids: set[ListenerId] = set()
-        for index in self.indices.values():
-            for connection in index.resolve(audience):
-                sockets += 1
-                if connection.listener_id is not None:
-                    ids.add(connection.listener_id)
-        return sockets, ids
-
-    async def _deliver_message(self, position: str, event: MessageEvent) -> None:
-        index = self.indices.get(event.middleware_version)
-        if index is None:
-            return
-        started = time.perf_counter()
-        connections = index.resolve(event.message.audience)
-        self.metrics.resolution_seconds.observe(time.perf_counter() - started)
-        if not connections:
-            return
-        message = event.message
-        if message.name == DISCONNECT:
-            for connection in connections:
-                if connection.proto == 2:
-                    self.close(
-                        connection,
-                        codes.DISCONNECT_MESSAGE,
-                        "a __disconnect message",
-                        kind="disconnect message",
-                    )
-                elif connection.closing is None:
-                    connection.closing = "disconnect message"
-                    self.spawn(self._disconnect_soon(connection))
-            return
-        encoded = codec.event(message)
-        frame = websocket_frame(b"4" + encoded)  # an Engine.IO MESSAGE
-        positioned: bytes | None = None
-        positioned_frame = b""
-        write = self.writer.write
-        written = 0
-        now = time.monotonic()
-        for connection in connections:
-            if connection.proto == 2:
-                if positioned is None:
-                    positioned = codec.positioned_event(message, position)
-                    positioned_frame = websocket_frame(b"4" + positioned)
-                connection.positioned_at = now
-                if not write(connection, positioned, positioned_frame):
-                    continue
-            elif not write(connection, encoded, frame):
-                continue
-            written += 1
-            if written % YIELD_EVERY == 0:
-                await asyncio.sleep(0)
-        self.metrics.deliveries.inc(written)
-
-    def gap(self, position: str, reason: str) -> None:
-        """The history broke: every protocol-2 socket gets ``__gap``; protocol 1 cannot be told."""
-        self.metrics.gaps.labels(reason).inc()
-        packet = codec.gateway_event(codec.GAP_EVENT, {"position": position, "reason": reason})
-        for connection in list(self.positioned):
-            connection.positioned_at = time.monotonic()
-            self.writer.write(connection, packet)
-        others = len(self.connections) - len(self.positioned)
-        if others:
-            logger.warning(
-                "the history broke (%s): %d protocol-1 sockets may have missed messages",
-                reason,
-                others,
-            )
-
-    async def tell_positions(self) -> None:
-        """Forever: ``__position`` to each protocol-2 socket sent nothing positioned for
-        ``position_interval`` seconds, so that it can recover after the window moved on."""
-        interval = self.settings.position_interval
-        while True:
-            await asyncio.sleep(interval / 4)
-            position = self.history.last
-            if position is None:
-                continue
-            packet = codec.gateway_event(codec.POSITION_EVENT, {"position": position})
-            now = time.monotonic()
-            for written, connection in enumerate(list(self.positioned), 1):
-                if now - connection.positioned_at >= interval:
-                    connection.positioned_at = now
-                    self.writer.write(connection, packet)
-                if written % YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
 
     def _too_slow(self, connection: Connection) -> None:
         limit = self.settings.max_buffered_bytes

@@ -1,0 +1,147 @@
+"""Delivery: each backplane event applied to this instance's sockets, in order.
+
+A message is resolved once, encoded once per protocol (protocol 2 adds its position), and the
+same bytes are written to every matching socket; control events replace criteria or kick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Final
+
+from .. import codes
+from ..criteria import ID_KEY, ListenerId
+from ..index import Query
+from ..message import DISCONNECT, CriteriaEvent, Event, KickEvent, MessageEvent, SetCriteriaEvent
+from ..seams import websocket_frame
+from . import codec
+from .connection import Connection, logger
+from .parts import Sockets
+
+YIELD_EVERY: Final = 1_000  # sockets written between two yields to the event loop
+
+
+class Delivery:
+    """Applies backplane events to the sockets of :class:`~.sockets.SocketOutbound`."""
+
+    def __init__(self, outbound: Sockets) -> None:
+        self._outbound = outbound
+
+    async def deliver(self, position: str, event: Event) -> None:
+        """Apply one backplane event, read at ``position``: a message, or a control change."""
+        if isinstance(event, MessageEvent):
+            await self._deliver_message(position, event)
+        elif isinstance(event, CriteriaEvent):
+            index = self._outbound.indices.get(event.middleware_version)
+            if index is not None:
+                index.update(event.listener_id, event.criteria)
+        elif isinstance(event, SetCriteriaEvent):
+            for listener_id, criteria in event.changes:
+                for index in self._outbound.indices.values():
+                    index.update(listener_id, {**criteria, ID_KEY: listener_id})
+        elif isinstance(event, KickEvent):
+            self._outbound.metrics.kicks.inc(len(event.ids))
+            for connection in self._sockets_of(event.ids):
+                self._outbound.close(
+                    connection, codes.KICKED, event.reason or "kicked", reconnect=event.reconnect
+                )
+
+    def _sockets_of(self, listener_ids: list[ListenerId]) -> list[Connection]:
+        return [
+            connection
+            for index in self._outbound.indices.values()
+            for listener_id in listener_ids
+            if not isinstance(listener_id, bool)
+            for connection in list(index.sockets_of(listener_id))
+        ]
+
+    def count(self, audience: list[Query]) -> tuple[int, set[ListenerId]]:
+        """Authenticated sockets of this instance whose criteria match ``audience`` now, and
+        the distinct ids among them."""
+        sockets = 0
+        ids: set[ListenerId] = set()
+        for index in self._outbound.indices.values():
+            for connection in index.resolve(audience):
+                sockets += 1
+                if connection.listener_id is not None:
+                    ids.add(connection.listener_id)
+        return sockets, ids
+
+    async def _deliver_message(self, position: str, event: MessageEvent) -> None:
+        index = self._outbound.indices.get(event.middleware_version)
+        if index is None:
+            return
+        started = time.perf_counter()
+        connections = index.resolve(event.message.audience)
+        self._outbound.metrics.resolution_seconds.observe(time.perf_counter() - started)
+        if not connections:
+            return
+        message = event.message
+        if message.name == DISCONNECT:
+            for connection in connections:
+                if connection.proto == 2:
+                    self._outbound.close(
+                        connection,
+                        codes.DISCONNECT_MESSAGE,
+                        "a __disconnect message",
+                        kind="disconnect message",
+                    )
+                elif connection.closing is None:
+                    connection.closing = "disconnect message"
+                    self._outbound.spawn(self._outbound.disconnect_soon(connection))
+            return
+        encoded = codec.event(message)
+        frame = websocket_frame(b"4" + encoded)  # an Engine.IO MESSAGE
+        positioned: bytes | None = None
+        positioned_frame = b""
+        write = self._outbound.writer.write
+        written = 0
+        now = time.monotonic()
+        for connection in connections:
+            if connection.proto == 2:
+                if positioned is None:
+                    positioned = codec.positioned_event(message, position)
+                    positioned_frame = websocket_frame(b"4" + positioned)
+                connection.positioned_at = now
+                if not write(connection, positioned, positioned_frame):
+                    continue
+            elif not write(connection, encoded, frame):
+                continue
+            written += 1
+            if written % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+        self._outbound.metrics.deliveries.inc(written)
+
+    def gap(self, position: str, reason: str) -> None:
+        """The history broke: every protocol-2 socket gets ``__gap``; protocol 1 cannot be told."""
+        self._outbound.metrics.gaps.labels(reason).inc()
+        packet = codec.gateway_event(codec.GAP_EVENT, {"position": position, "reason": reason})
+        for connection in list(self._outbound.positioned):
+            connection.positioned_at = time.monotonic()
+            self._outbound.writer.write(connection, packet)
+        others = len(self._outbound.connections) - len(self._outbound.positioned)
+        if others:
+            logger.warning(
+                "the history broke (%s): %d protocol-1 sockets may have missed messages",
+                reason,
+                others,
+            )
+
+    async def tell_positions(self) -> None:
+        """Forever: ``__position`` to each protocol-2 socket sent nothing positioned for
+        ``position_interval`` seconds, so that it can recover after the window moved on."""
+        interval = self._outbound.settings.position_interval
+        while True:
+            await asyncio.sleep(interval / 4)
+            position = self._outbound.history.last
+            if position is None:
+                continue
+            packet = codec.gateway_event(codec.POSITION_EVENT, {"position": position})
+            now = time.monotonic()
+            for written, connection in enumerate(list(self._outbound.positioned), 1):
+                if now - connection.positioned_at >= interval:
+                    connection.positioned_at = now
+                    self._outbound.writer.write(connection, packet)
+                if written % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)

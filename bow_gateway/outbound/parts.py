@@ -1,0 +1,50 @@
+"""What the outbound's parts (authentication, expiry, recovery) need of it: :class:`Sockets`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, Protocol
+
+from ..codes import Code
+from ..criteria import Criteria
+from ..history import History
+from ..index import CriteriaIndex, IndexKey
+from ..message import Event
+from ..metrics import Metrics
+from ..plugins import CreateCriteriaFromListenerDetails
+from .connection import Connection, Settings
+from .writer import Writer
+
+
+class Sockets(Protocol):
+    """What the parts need of the outbound (:class:`~.sockets.SocketOutbound`)."""
+
+    connections: dict[str, Connection]
+    deadlines: dict[str, asyncio.TimerHandle]
+    indices: Mapping[str, CriteriaIndex[Connection]]
+    middlewares: Mapping[str, CreateCriteriaFromListenerDetails]
+    settings: Settings
+    history: History
+    metrics: Metrics
+    writer: Writer
+    publish: Callable[[Event], Awaitable[object]]
+    positioned: set[Connection]
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
+
+    def index(self, connection: Connection, key: IndexKey, criteria: Criteria) -> None: ...
+
+    def unindex(self, connection: Connection) -> None: ...
+
+    async def disconnect_soon(self, connection: Connection) -> None: ...
+
+    def close(
+        self,
+        connection: Connection,
+        code: Code,
+        text: str,
+        *,
+        kind: str | None = None,
+        reconnect: str | None = None,
+    ) -> None: ...

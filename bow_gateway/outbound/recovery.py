@@ -1,0 +1,69 @@
+"""Recovery (section 7): the protocol-2 ack's result, and the messages a socket missed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ..criteria import Criteria, ListenerId
+from ..history import DISABLED, Recovery
+from ..index import entries_of, matches
+from . import codec
+from .connection import Connection
+from .parts import Sockets
+
+
+def ack_result(
+    outbound: Sockets,
+    connection: Connection,
+    listener_id: ListenerId | None,
+    criteria: Criteria,
+    options: Mapping[str, Any],
+) -> dict[str, Any] | None:
+    """The protocol-2 ack's result (with the packets to replay under ``_replay``)."""
+    if connection.proto == 1:
+        return None
+    history = outbound.history
+    expires_in = None if connection.exp is None else max(0.0, connection.exp - time.time())
+    result: dict[str, Any] = {
+        "id": listener_id,
+        "position": history.last,
+        "recovered": None,
+        "reason": None,
+        "criteria_changed": None,
+        "expires_in": expires_in,
+    }
+    since = options.get("since")
+    if since is None:
+        return result
+    entries = entries_of(criteria)
+    if outbound.settings.recovery_enabled:
+        recovery = history.recover(
+            since,
+            lambda audience: matches(entries, listener_id, audience),
+            outbound.settings.max_replay,
+        )
+    else:
+        recovery = Recovery(False, DISABLED, history.last)
+    outbound.metrics.recoveries.labels(
+        "recovered" if recovery.recovered else "not_recovered", recovery.reason or "none"
+    ).inc()
+    before = (
+        None
+        if listener_id is None
+        else history.criteria_at(since, connection.outbound.middleware_version, listener_id)
+    )
+    result.update(
+        position=recovery.position,
+        recovered=recovery.recovered,
+        reason=recovery.reason,
+        criteria_changed=before is not None and before != entries,
+    )
+    if recovery.replay:
+        outbound.metrics.replayed.inc(len(recovery.replay))
+        result["_replay"] = [
+            codec.positioned_event(event.message, position, replayed=True)
+            for position, event in recovery.replay
+        ]
+    return result
