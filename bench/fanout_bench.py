@@ -355,31 +355,51 @@ class LeanClient(asyncio.Protocol):
 
 
 async def open_clients(
-    books: Books, host: str, port: int, n: int, concurrency: int, proto: int = 1
+    books: Books,
+    host: str,
+    port: int,
+    n: int,
+    concurrency: int,
+    proto: int = 1,
+    retries: int = 30,
 ) -> tuple[list[LeanClient], list[str]]:
     """Connect and authenticate listeners 0..n-1, ``concurrency`` handshakes at a time."""
     loop = asyncio.get_running_loop()
     semaphore = asyncio.Semaphore(concurrency)
     clients: list[LeanClient] = []
     failures: list[str] = []
+    refused = [0]  # handshakes answered 503 (the gateway's connection-rate limit), then retried
     tokens = [
         mint(redis_bench.listener_id(i), gateway.SECRET, criteria=redis_bench.criteria(i))
         for i in range(n)
     ]
 
     async def open_one(i: int) -> None:
-        client = LeanClient(books, f"{host}:{port}", tokens[i], proto)
-        async with semaphore:
-            try:
-                await loop.create_connection(lambda: client, host, port)
-                await asyncio.wait_for(client.ready, 60)
-            except (OSError, TimeoutError) as error:  # ConnectionError is an OSError
-                failures.append(f"{type(error).__name__}: {error}")
-                client.close()
-                return
-        clients.append(client)
+        for attempt in range(retries + 1):
+            client = LeanClient(books, f"{host}:{port}", tokens[i], proto)
+            async with semaphore:
+                try:
+                    await loop.create_connection(lambda c=client: c, host, port)
+                    await asyncio.wait_for(client.ready, 60)
+                except (OSError, TimeoutError) as error:  # ConnectionError is an OSError
+                    client.close()
+                    if b"503 Service Unavailable" in client.reason.encode() and attempt < retries:
+                        refused[0] += 1  # over outbound.max_connects_per_second: as advised
+                    else:
+                        failures.append(f"{type(error).__name__}: {error}")
+                        return
+                else:
+                    clients.append(client)
+                    return
+            await asyncio.sleep(1.0 + random.random())  # Retry-After: 1, jittered
 
     await asyncio.gather(*(open_one(i) for i in range(n)))
+    if refused[0]:
+        print(
+            f"  {refused[0]:,} handshakes were refused 503 (over the gateway's "
+            "outbound.max_connects_per_second) and retried after 1-2 s, as Retry-After says",
+            flush=True,
+        )
     return clients, failures
 
 
