@@ -19,6 +19,7 @@ last ``stall``, i.e. the longest event-loop stall, then reset) and ``sockets`` (
 and authenticated, and the disconnects so far by reason, from the gateway's metrics); for
 ``recovery_bench.py`` and ``restart_bench.py``: ``cpu`` (this process's CPU time in ns,
 ``CLOCK_PROCESS_CPUTIME_ID``: exact, where ``/proc/<pid>/stat`` counts 10 ms ticks) and
+``collect`` (``gc.collect()``, to start a measurement without an earlier phase's garbage) and
 ``recoveries`` (the protocol-2 recovery counters of the metrics, by result and reason, and the
 messages replayed; empty before protocol 2).
 """
@@ -190,6 +191,10 @@ def answer(
         return {"stall": probe.report()}
     if command == "sockets" and bow is not None:
         return {"sockets": socket_counts(bow)}
+    if command == "collect":  # a full collection now (then the freeze, if gc_freeze is on)
+        started = time.perf_counter()
+        collected = gc.collect()
+        return {"collected": collected, "seconds": time.perf_counter() - started}
     if command == "cpu":
         return {"cpu_ns": time.process_time_ns()}
     if command == "recoveries" and bow is not None:

@@ -187,6 +187,9 @@ async def bench(args: argparse.Namespace, gateways: redis_bench.Gateways) -> lis
         posting = time.perf_counter() - started
         expected = sum(1 for k in range(count) if k % every == 0)
         await asyncio.sleep(args.settle)  # the gateway has delivered (to nobody) every message
+        if args.collect_first:  # the POSTs' garbage out of the way: the recovery's own cost
+            await command("collect")
+            await asyncio.sleep(args.settle)  # and the gateway's freeze after it
         await command("stall")
         await command("gc")
         if args.profile:
@@ -232,6 +235,8 @@ async def bench(args: argparse.Namespace, gateways: redis_bench.Gateways) -> lis
             "bare wall": bare_ended - bare_begun,
             "stall": stall,
             "gc": max(collections["longest"]),
+            "gc by generation": collections["collections"],
+            "gc seconds": sum(collections["seconds"]),
         }
         rounds.append(row)
         print(
@@ -240,7 +245,8 @@ async def bench(args: argparse.Namespace, gateways: redis_bench.Gateways) -> lis
             f"({'ok' if ok else 'WRONG'}); gateway CPU {row['recovery cpu'] * 1e3:.1f} ms "
             f"(bare connect + authenticate {row['bare cpu'] * 1e3:.1f} ms); wall "
             f"{row['recovery wall'] * 1e3:.1f} ms; longest stall {stall * 1e3:.1f} ms, "
-            f"longest GC {row['gc'] * 1e3:.1f} ms",
+            f"longest GC {row['gc'] * 1e3:.1f} ms (collections by generation "
+            f"{row['gc by generation']}, {row['gc seconds'] * 1e3:.1f} ms in all)",
             flush=True,
         )
     return rounds
@@ -259,6 +265,7 @@ def print_summary(rounds: list[dict[str, Any]], target_ms: float) -> bool:
         "wall (connect to last)",
         "longest stall",
         "longest GC",
+        "GC in all (gen 0/1/2 collections)",
     ]
     rows = []
     for r in rounds:
@@ -276,6 +283,7 @@ def print_summary(rounds: list[dict[str, Any]], target_ms: float) -> bool:
                 f"{r['recovery wall'] * 1e3:.1f} ms",
                 f"{r['stall'] * 1e3:.1f} ms",
                 f"{r['gc'] * 1e3:.1f} ms",
+                f"{r['gc seconds'] * 1e3:.1f} ms ({'/'.join(map(str, r['gc by generation']))})",
             ]
         )
     print(common.table(headers, rows))
@@ -303,6 +311,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target-ms", type=float, default=50.0)
     parser.add_argument("--profile", help="cProfile the gateway during the recoveries (a file)")
     parser.add_argument("--source", help="another checkout's gateway (see fanout_bench.py)")
+    parser.add_argument(
+        "--collect-first",
+        action="store_true",
+        help="gc.collect() in the gateway before each recovery (what the POSTs left is then "
+        "not collected during the recovery)",
+    )
+    parser.add_argument(
+        "--no-gc-freeze", action="store_true", help="the gateway without gc_freeze (an experiment)"
+    )
     parser.add_argument("--server-cpu", type=int, default=0)
     parser.add_argument("--client-cpu", type=int, default=1)
     parser.add_argument("--host", default="127.0.0.1")
@@ -319,6 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = tempfile.mkdtemp(prefix="recovery-")
     variant = fanout.source_variant(args.source, 2, workdir)
     extra = ["--profile", args.profile] if args.profile else []
+    if args.no_gc_freeze:
+        extra.append("--no-gc-freeze")
     gateways = fanout.start_variant(variant, None, "recovery", extra)
     fanout.pin_gateway(gateways.pids[0], args.server_cpu)
     print(
