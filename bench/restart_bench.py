@@ -39,12 +39,15 @@ import argparse
 import asyncio
 import os
 import random
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import _common as common
@@ -238,6 +241,25 @@ async def bench(args: argparse.Namespace, redis: RedisServer, workdir: str) -> i
         async def command(text: str) -> dict[str, Any]:
             return (await gateways.command(text))[0]
 
+        spy = None
+        if args.py_spy:  # sample the new gateway during the reconnection
+            spy = subprocess.Popen(
+                [
+                    str(Path(sys.executable).parent / "py-spy"),
+                    "record",
+                    "-p",
+                    str(gateways.pids[0]),
+                    "-r",
+                    "1000",
+                    "-f",
+                    "raw",
+                    "-o",
+                    args.py_spy,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            await asyncio.sleep(1.0)  # py-spy attaches
         await command("stall")
         await command("gc")
         cpu_before = (await command("cpu"))["cpu_ns"]
@@ -270,6 +292,10 @@ async def bench(args: argparse.Namespace, redis: RedisServer, workdir: str) -> i
         took = time.perf_counter() - started
         cpu_after = (await command("cpu"))["cpu_ns"]
         stall = (await command("stall"))["stall"]
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
+            print(f"py-spy samples (raw, collapsed stacks) of the reconnection: {args.py_spy}")
         collections = (await command("gc"))["gc"]
         counters = (await command("recoveries"))["recoveries"]
         sockets = (await command("sockets"))["sockets"]
@@ -350,6 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=0.5, help="s after the missed messages")
     parser.add_argument("--target-ms", type=float, default=250.0)
     parser.add_argument("--source", help="another checkout's gateway (see fanout_bench.py)")
+    parser.add_argument("--py-spy", help="py-spy the new gateway during the reconnection (file)")
     parser.add_argument("--server-cpu", type=int, default=0)
     parser.add_argument("--client-cpu", type=int, default=1)
     parser.add_argument("--host", default="127.0.0.1")
