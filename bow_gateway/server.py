@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from .backplanes import Backplane, backplane_from_config
+from .backplanes import Backplane, Entry, backplane_from_config
 from .config import Config, load_config
 from .criteria import ListenerId
 from .gc_freeze import freeze_after_connects, release_closed_transports
@@ -333,9 +333,11 @@ class Bow:
 
     async def _consume(self, backplane: Backplane, outbound: SocketOutbound) -> None:
         metrics = self.metrics
-        async for data in backplane.events():
+        async for item in backplane.events():
+            if not isinstance(item, Entry):  # a Gap: rewired with protocol 2's recovery
+                continue
             try:
-                event = decode_event(data)
+                event = decode_event(item.data)
                 if isinstance(event, MessageEvent) and event.accepted_at:
                     metrics.backplane_lag_seconds.set(max(0.0, time.time() - event.accepted_at))
                 await outbound.deliver(event)

@@ -9,10 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Backplane, BackplaneUnavailable
+from .base import Backplane, BackplaneUnavailable, Entry, Gap
 from .memory import MemoryBackplane
 
-__all__ = ["Backplane", "BackplaneUnavailable", "MemoryBackplane", "backplane_from_config"]
+__all__ = [
+    "Backplane",
+    "BackplaneUnavailable",
+    "Entry",
+    "Gap",
+    "MemoryBackplane",
+    "backplane_from_config",
+]
 
 
 def backplane_from_config(

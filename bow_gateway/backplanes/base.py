@@ -1,13 +1,16 @@
 """The backplane interface: how events reach every instance of one gateway, all in one order.
 
 Every backend (:mod:`.memory`, :mod:`.redis`) implements :class:`Backplane`, and refuses what it
-cannot take with :class:`BackplaneUnavailable`, which the inbound answers with ``503``.
+cannot take with :class:`BackplaneUnavailable`, which the inbound answers with ``503``. Each event
+gets a position (``"{epoch}.{...}"``): opaque to clients, increasing within one epoch, an epoch
+being one unbroken history (protocol 2, section 7).
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 
 class BackplaneUnavailable(Exception):
@@ -16,6 +19,26 @@ class BackplaneUnavailable(Exception):
     def __init__(self, reason: str, retry_after: float = 1.0) -> None:
         super().__init__(reason)
         self.retry_after = retry_after
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One event read from the backplane, with its position in the history."""
+
+    position: str  # opaque ASCII <= 64 chars, increasing in accept order across instances
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """The history is broken here: events may be missing before ``position``."""
+
+    position: str  # live delivery continues after it
+    reason: str  # "epoch_changed" | "trimmed"
+
+
+EPOCH_CHANGED = "epoch_changed"
+TRIMMED = "trimmed"
 
 
 class Backplane(abc.ABC):
@@ -30,17 +53,54 @@ class Backplane(abc.ABC):
         """Stop: :meth:`events` ends, :meth:`publish` refuses."""
 
     @abc.abstractmethod
-    async def publish(self, data: bytes) -> None:
-        """Hand ``data`` over for delivery, or raise :class:`BackplaneUnavailable`.
-
-        Once this returns, the event is not lost: every instance's :meth:`events` yields it.
-        """
+    async def publish(self, data: bytes) -> str:
+        """Hand ``data`` over for delivery and return its position, or raise
+        :class:`BackplaneUnavailable`. Once this returns, every instance's :meth:`events` yields it
+        (unless a :class:`Gap` says otherwise)."""
 
     @abc.abstractmethod
-    def events(self) -> AsyncIterator[bytes]:
-        """Every event published by any instance, in one order, until :meth:`disconnect`."""
+    def events(self) -> AsyncIterator[Entry | Gap]:
+        """Every event published by any instance from :meth:`connect` on, in one order, and the
+        gaps in that history, until :meth:`disconnect`."""
+
+    @abc.abstractmethod
+    async def backlog(self, count: int) -> list[Entry]:
+        """The newest ``count`` (at most) entries already in the history when :meth:`connect`
+        returned, oldest first; called once, right after it, before :meth:`events`."""
+
+    @abc.abstractmethod
+    def parse_position(self, position: str) -> tuple[str, tuple[int, ...]] | None:
+        """``(epoch, sortable key)`` of one of this backend's positions, ``None`` if malformed."""
+
+    @property
+    @abc.abstractmethod
+    def epoch(self) -> str:
+        """The epoch :meth:`events` is in now (ASCII, no ``.``)."""
 
     @property
     @abc.abstractmethod
     def ready(self) -> bool:
         """Whether :meth:`publish` can take events now (``GET /health`` says 503 when not)."""
+
+    # -- asking every instance (POST /_bow/count) ------------------------------------------
+
+    @abc.abstractmethod
+    async def answer(self, request_id: str, data: bytes) -> None:
+        """This instance's answer to the request ``request_id`` of :meth:`answers`."""
+
+    @abc.abstractmethod
+    async def answers(
+        self, request_id: str, publish: Callable[[], Awaitable[str]], timeout: float
+    ) -> tuple[list[bytes], bool]:
+        """Note the live instances, call ``publish()`` (which publishes the request), then collect
+        their answers within ``timeout`` seconds: ``(answers, every live instance answered)``."""
+
+    # -- sockets per id across instances (outbound.max_sockets_per_id) ---------------------
+
+    @abc.abstractmethod
+    async def claim(self, key: str, member: str, limit: int) -> bool:
+        """Add ``member`` to ``key`` unless ``limit`` live members hold it (0: no limit)."""
+
+    @abc.abstractmethod
+    async def release(self, key: str, member: str) -> None:
+        """Remove ``member`` from ``key`` (no-op if absent)."""
