@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final, TypeVar
 
@@ -29,6 +27,17 @@ from redis.backoff import NoBackoff
 
 from ..redis_client import RedisSettings, describe, redis_client
 from .base import EPOCH_CHANGED, TRIMMED, Backplane, BackplaneUnavailable, Entry, Gap
+from .redis_ids import (
+    POSITION,
+    Cursor,
+    Look,
+    StreamId,
+    as_text,
+    format_id,
+    id_before,
+    parse_id,
+    stream_entries,
+)
 from .redis_instances import FAILURES, Instances
 from .redis_scripts import Scripts
 
@@ -39,38 +48,12 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Client = Redis | RedisCluster
-StreamId = tuple[int, int]
 FIELD = b"d"
 _FAILURES = FAILURES
-_POSITION: Final = re.compile(r"([0-9a-z]{1,32})\.([0-9]{1,20})-([0-9]{1,20})")
-_MAX_SEQUENCE: Final = 2**64 - 1
 
 
 class _Stopped(Exception):
     """:meth:`RedisBackplane.disconnect` was called: the reader ends."""
-
-
-@dataclass
-class _Cursor:
-    """How far a reader has read: the last id, how many entries the stream had added by then,
-    and the epoch those belong to."""
-
-    last: StreamId = (0, 0)
-    seen: int = 0
-    epoch: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class _Look:
-    """What the ``look`` script saw: the epoch (and where it starts), and the stream's state."""
-
-    epoch: str
-    after: StreamId
-    added_then: int
-    last: StreamId
-    added: int | None
-    first: StreamId | None
-    length: int
 
 
 class RedisBackplane(Backplane):
@@ -114,8 +97,8 @@ class RedisBackplane(Backplane):
         self._scripts: Scripts | None = None
         self._instances: Instances | None = None
         self._closers: list[Callable[[], Awaitable[Any]]] = []
-        self._cursor = _Cursor()
-        self._connected_at = _Cursor()  # where the history ended when connect() returned
+        self._cursor = Cursor()
+        self._connected_at = Cursor()  # where the history ended when connect() returned
         self._epoch_after: StreamId = (0, 0)  # the id after which that epoch's entries start
         self._healthy = False
         self._readers: set[asyncio.Task[Any]] = set()  # tasks inside a read disconnect() ends
@@ -145,7 +128,7 @@ class RedisBackplane(Backplane):
             for close in closers:
                 await close()
             raise
-        self._connected_at = _Cursor(self._cursor.last, self._cursor.seen, self._cursor.epoch)
+        self._connected_at = Cursor(self._cursor.last, self._cursor.seen, self._cursor.epoch)
         self._client, self._scripts, self._closers, self._healthy = client, scripts, closers, True
         interval, live_for = self._heartbeat
         self._instances = Instances(
@@ -231,11 +214,11 @@ class RedisBackplane(Backplane):
             if epoch != cursor.epoch:  # a new history: what was read may belong to it
                 check = True
                 continue
-            entries = _entries(response)
+            entries = stream_entries(response)
             for entry_id, fields in entries:
-                cursor.last, cursor.seen = _parse(entry_id), cursor.seen + 1
+                cursor.last, cursor.seen = parse_id(entry_id), cursor.seen + 1
                 if FIELD in fields:
-                    yield Entry(f"{epoch}.{_text(entry_id)}", fields[FIELD])
+                    yield Entry(f"{epoch}.{as_text(entry_id)}", fields[FIELD])
             # Trimming can pass this reader only while it is behind (its batch came back full)
             # or slow (delivering took long), and each read checks the epoch; looking after every
             # batch would cost a round trip per message.
@@ -247,17 +230,17 @@ class RedisBackplane(Backplane):
         if client is None or count <= 0 or end.last == (0, 0):
             return []
         try:
-            found: Any = await client.xrevrange(self.key, _format(end.last), "-", count=count)
+            found: Any = await client.xrevrange(self.key, format_id(end.last), "-", count=count)
         except _FAILURES as exc:
             raise BackplaneUnavailable(f"Redis did not give the backlog: {_reason(exc)}") from exc
         return [
-            Entry(f"{end.epoch}.{_text(entry_id)}", fields[FIELD])
+            Entry(f"{end.epoch}.{as_text(entry_id)}", fields[FIELD])
             for entry_id, fields in reversed(found)
-            if FIELD in fields and _parse(entry_id) > self._epoch_after
+            if FIELD in fields and parse_id(entry_id) > self._epoch_after
         ]
 
     def parse_position(self, position: str) -> tuple[str, tuple[int, ...]] | None:
-        match = _POSITION.fullmatch(position)
+        match = POSITION.fullmatch(position)
         if match is None or len(position) > 64:
             return None
         return match[1], (int(match[2]), int(match[3]))
@@ -307,7 +290,7 @@ class RedisBackplane(Backplane):
                     else:
                         value, entry_id = result
                         epoch = bytes(value).partition(b" ")[0].decode()
-                        written.set_result(f"{epoch}.{_text(entry_id)}")
+                        written.set_result(f"{epoch}.{as_text(entry_id)}")
         finally:
             self._writer = None
             for _, written in [*batch, *self._pending]:  # cancelled midway: no one will send them
@@ -337,33 +320,33 @@ class RedisBackplane(Backplane):
         calls: list[list[Any]] = [[data, epoch, self._max_len] for data in events]
         return await self._scripts.pipelined("publish", keys, calls)
 
-    async def _xread(self, client: Client, cursor: _Cursor) -> tuple[Any, str | None]:
+    async def _xread(self, client: Client, cursor: Cursor) -> tuple[Any, str | None]:
         """``XREAD`` on from ``cursor``, then (if it found entries) the epoch they belong to."""
-        last = _format(cursor.last)
+        last = format_id(cursor.last)
         response = await client.xread({self.key: last}, count=self._batch, block=self._block_ms)
         if not response:
             return response, cursor.epoch
         value = await client.get(self.epoch_key)
-        return response, None if value is None else _text(value).partition(" ")[0]
+        return response, None if value is None else as_text(value).partition(" ")[0]
 
-    async def _look(self, scripts: Scripts, replace: str = "") -> _Look:
+    async def _look(self, scripts: Scripts, replace: str = "") -> Look:
         """The epoch (a new one if it or the stream is missing, or if it is ``replace``) and the
         stream's state, in one atomic script."""
         value, last, added, first, length = await scripts.run(
             "look", [self.key, self.epoch_key], [secrets.token_hex(6), replace]
         )
         epoch, after, added_then = bytes(value).decode().split(" ")
-        return _Look(
+        return Look(
             epoch,
-            _parse(after),
+            parse_id(after),
             int(added_then),
-            _parse(last),
+            parse_id(last),
             int(added) if added else None,
-            _parse(first) if first else None,
+            parse_id(first) if first else None,
             int(length),
         )
 
-    async def _tail(self, client: Client, scripts: Scripts) -> _Cursor:
+    async def _tail(self, client: Client, scripts: Scripts) -> Cursor:
         """Where the stream ends now and its epoch, retried while Redis is unreachable."""
         attempt = 0
         while True:
@@ -383,9 +366,9 @@ class RedisBackplane(Backplane):
                 await asyncio.sleep(delay)
                 attempt += 1
         self._epoch_after = look.after
-        return _Cursor(look.last, look.added or 0, look.epoch)
+        return Cursor(look.last, look.added or 0, look.epoch)
 
-    async def _resync(self, client: Client, cursor: _Cursor) -> Gap | None:
+    async def _resync(self, client: Client, cursor: Cursor) -> Gap | None:
         """Before reading on: notice a new epoch, a history gone backwards, or entries trimmed
         past ``cursor``; move ``cursor`` to where reading goes on, and say the gap."""
         assert self._scripts is not None
@@ -404,7 +387,7 @@ class RedisBackplane(Backplane):
                 look.epoch,
             )
             cursor.epoch, cursor.last, cursor.seen = look.epoch, look.after, look.added_then
-            return Gap(f"{look.epoch}.{_format(look.after)}", EPOCH_CHANGED)
+            return Gap(f"{look.epoch}.{format_id(look.after)}", EPOCH_CHANGED)
         if look.added is None or look.first is None or look.first <= cursor.last:
             return None
         lost = look.added - cursor.seen - look.length
@@ -418,8 +401,8 @@ class RedisBackplane(Backplane):
             self._max_len,
         )
         cursor.seen += lost
-        cursor.last = _before(look.first)
-        return Gap(f"{cursor.epoch}.{_format(cursor.last)}", TRIMMED)
+        cursor.last = id_before(look.first)
+        return Gap(f"{cursor.epoch}.{format_id(cursor.last)}", TRIMMED)
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -467,35 +450,5 @@ class RedisBackplane(Backplane):
         self._healthy = False
 
 
-def _entries(response: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
-    """The ``(id, fields)`` entries of an XREAD on one stream, whatever shape redis-py chose."""
-    if not response:
-        return []
-    (entries,) = response.values() if isinstance(response, dict) else [s[1] for s in response]
-    if entries and isinstance(entries[0], list):  # RESP3 with legacy_responses: one level more
-        (entries,) = entries
-    return list(entries)
-
-
-def _parse(entry_id: bytes | str) -> StreamId:
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    milliseconds, _, sequence = text.partition("-")
-    return int(milliseconds), int(sequence or 0)
-
-
 def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
-
-
-def _text(entry_id: bytes | str) -> str:
-    return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-
-
-def _format(stream_id: StreamId) -> str:
-    return f"{stream_id[0]}-{stream_id[1]}"
-
-
-def _before(stream_id: StreamId) -> StreamId:
-    """The greatest id below ``stream_id`` (reading after it reads ``stream_id`` first)."""
-    milliseconds, sequence = stream_id
-    return (milliseconds, sequence - 1) if sequence else (milliseconds - 1, _MAX_SEQUENCE)
