@@ -50,6 +50,7 @@ import _common as common
 from _redis import RedisServer
 from redis.asyncio import Redis
 
+from bow_gateway.backplanes import Entry
 from bow_gateway.backplanes.redis import RedisBackplane
 
 HEADER = struct.Struct("<QQ")  # monotonic_ns at publish, sequence number
@@ -220,8 +221,9 @@ class BackplaneVariant(Variant):
         self.reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
-        async for data in self.backplane.events():
-            self.inbox.receive(data)
+        async for item in self.backplane.events():
+            if isinstance(item, Entry):
+                self.inbox.receive(item.data)
 
     async def publish(self, data: bytes) -> None:
         await self.backplane.publish(data)

@@ -203,6 +203,8 @@ class Bow:
         )
         for entry in await backplane.backlog(config.recovery_max_count):
             self._remember(entry.position, decode_event(entry.data))
+        if history.last is None and (origin := backplane.origin()) is not None:
+            history.restart(origin)  # a client can keep this position before any message
         self._outbound = outbound = SocketOutbound(
             outbounds=self._outbounds,
             middlewares=self._middlewares,

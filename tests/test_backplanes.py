@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bow_gateway.backplanes import Backplane, BackplaneUnavailable, MemoryBackplane
+from bow_gateway.backplanes import Backplane, BackplaneUnavailable, Entry, Gap, MemoryBackplane
 from bow_gateway.backplanes.redis import RedisBackplane
 
 from .redis_server import RedisServer
@@ -123,20 +123,27 @@ async def _backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         await backplane.disconnect()
 
 
-async def take(backplane: Backplane, count: int, timeout: float = 5.0) -> list[bytes]:
-    """The next ``count`` events of ``backplane``."""
-    got: list[bytes] = []
+async def items(backplane: Backplane, count: int, timeout: float = 5.0) -> list[Entry | Gap]:
+    """The next ``count`` entries and gaps of ``backplane``."""
+    got: list[Entry | Gap] = []
     events = backplane.events()
     try:
         async with asyncio.timeout(timeout):
-            async for data in events:
-                got.append(data)
+            async for item in events:
+                got.append(item)
                 if len(got) == count:
                     break
     finally:
         if isinstance(events, AsyncGenerator):
             await events.aclose()
     return got
+
+
+async def take(backplane: Backplane, count: int, timeout: float = 5.0) -> list[bytes]:
+    """The data of the next ``count`` events of ``backplane`` (a gap fails the test)."""
+    got = await items(backplane, count, timeout)
+    assert all(isinstance(item, Entry) for item in got), got
+    return [item.data for item in got if isinstance(item, Entry)]
 
 
 def numbered(count: int, prefix: str = "event") -> list[bytes]:
@@ -202,8 +209,9 @@ async def test_events_end_promptly_after_disconnect(backend: Backend) -> None:
     got: list[bytes] = []
 
     async def consume() -> None:
-        async for data in backplane.events():
-            got.append(data)
+        async for item in backplane.events():
+            assert isinstance(item, Entry)
+            got.append(item.data)
 
     consumer = asyncio.create_task(consume())
     while not got:
@@ -281,3 +289,114 @@ async def test_once_it_can_again_it_takes_and_delivers_events(backend: Backend) 
     async with asyncio.timeout(5):
         while (await take(backplane, 1))[0] != b"after":
             pass
+
+
+async def test_positions_increase_and_are_those_events_yield(backend: Backend) -> None:
+    backplane = await backend.connected()
+    published = [await backplane.publish(data) for data in numbered(20)]
+    published += await asyncio.gather(*(backplane.publish(b"at once") for _ in range(20)))
+    read = await items(backplane, 40)
+    assert [item.position for item in read] == published
+    keys = [backplane.parse_position(position) for position in published]
+    assert all(key is not None and key[0] == backplane.epoch for key in keys)
+    assert [key for key in keys if key] == sorted(key for key in keys if key)
+    assert len(set(published)) == 40
+
+
+async def test_positions_are_short_ascii_and_parsed_while_garbage_is_not(backend: Backend) -> None:
+    backplane = await backend.connected()
+    position = await backplane.publish(b"one")
+    assert position.isascii() and len(position) <= 64
+    assert backplane.parse_position(position) is not None
+    epoch = backplane.epoch
+    assert epoch.isascii() and epoch and "." not in epoch
+    garbage = ["", ".", "x", f"{epoch}.", f".{position}", f"{position}.1", f"{position}x"]
+    garbage += [f"{epoch}.-1", f"{epoch}.1 ", "é.1", f"{epoch}.{'9' * 70}", "a.b-c"]
+    for text in garbage:
+        assert backplane.parse_position(text) is None, text
+
+
+async def test_backlog_is_the_newest_entries_before_connect_oldest_first(
+    backend: Backend,
+) -> None:
+    published: list[str] = []
+    if backend.shared:
+        earlier = await backend.connected()
+        published = [await earlier.publish(data) for data in numbered(10)]
+    backplane = await backend.connected()
+    backlog = await backplane.backlog(4)
+    assert [entry.position for entry in backlog] == published[-4:]
+    assert [entry.data for entry in backlog] == (numbered(10)[-4:] if backend.shared else [])
+    await backplane.publish(b"after")
+    assert await take(backplane, 1) == [b"after"]  # events() continues after the backlog
+
+
+async def answering(backplane: Backplane, reply: bytes) -> asyncio.Task[None]:
+    """A consumer that answers every ``ask {id}`` event it reads with ``reply``."""
+
+    async def consume() -> None:
+        async for item in backplane.events():
+            if isinstance(item, Entry) and item.data.startswith(b"ask "):
+                await backplane.answer(item.data[4:].decode(), reply)
+
+    return asyncio.create_task(consume())
+
+
+async def test_answers_of_every_instance_are_collected_complete(backend: Backend) -> None:
+    asker = await backend.connected()
+    instances = [asker, *([await backend.connected()] if backend.shared else [])]
+    consumers = [await answering(b, f"from {n}".encode()) for n, b in enumerate(instances)]
+    request = uuid.uuid4().hex
+    answers, complete = await asker.answers(
+        request, lambda: asker.publish(f"ask {request}".encode()), timeout=5.0
+    )
+    assert complete
+    assert sorted(answers) == [f"from {n}".encode() for n in range(len(instances))]
+    for backplane in instances:  # ends the consumers
+        await backplane.disconnect()
+    await asyncio.gather(*consumers)
+
+
+async def test_answers_are_incomplete_when_an_instance_does_not_answer_in_time(
+    backend: Backend,
+) -> None:
+    asker = await backend.connected()
+    consumers = []
+    if backend.shared:  # the asker answers; a second instance is live but never answers
+        await backend.connected()
+        consumers.append(await answering(asker, b"mine"))
+    request = uuid.uuid4().hex
+    started = time.monotonic()
+    answers, complete = await asker.answers(
+        request, lambda: asker.publish(f"ask {request}".encode()), timeout=0.3
+    )
+    assert not complete
+    assert answers == ([b"mine"] if backend.shared else [])
+    assert 0.3 <= time.monotonic() - started < 2.0
+    await asker.disconnect()  # ends the consumer
+    await asyncio.gather(*consumers)
+
+
+async def test_a_claim_over_the_limit_is_refused(backend: Backend) -> None:
+    first = await backend.connected()
+    second = await backend.connected() if backend.shared else first
+    assert await first.claim("user 1", "socket a", 2)
+    assert await second.claim("user 1", "socket b", 2)
+    assert await first.claim("user 1", "socket a", 2)  # already held: still held
+    assert not await second.claim("user 1", "socket c", 2)
+    assert await second.claim("user 2", "socket c", 2)  # another key
+
+
+async def test_a_claim_with_limit_0_is_never_refused(backend: Backend) -> None:
+    backplane = await backend.connected()
+    assert all([await backplane.claim("user 1", f"socket {n}", 0) for n in range(50)])
+
+
+async def test_release_frees_a_claim(backend: Backend) -> None:
+    first = await backend.connected()
+    second = await backend.connected() if backend.shared else first
+    assert await first.claim("user 1", "socket a", 1)
+    assert not await second.claim("user 1", "socket b", 1)
+    await first.release("user 1", "socket a")
+    await first.release("user 1", "never claimed")
+    assert await second.claim("user 1", "socket b", 1)

@@ -292,12 +292,6 @@ async def test_the_ack_is_one_result_object_with_exactly_the_six_keys(
     assert isinstance(result["expires_in"], int | float) and 3500 < result["expires_in"] <= 3600
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server bug: the ack's position is null until the instance has delivered a message "
-    "(Authenticator._result takes history.last, None on a fresh history), so a client has no "
-    "position to keep, and what is accepted before it reconnects is lost without a word",
-)
 async def test_the_acks_position_is_a_string_before_any_message_and_recovers_what_follows(
     node: Run, serve: Serve
 ) -> None:

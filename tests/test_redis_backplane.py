@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from bow_gateway.backplanes import BackplaneUnavailable
+from bow_gateway.backplanes import BackplaneUnavailable, Entry, Gap
 from bow_gateway.backplanes.redis import RedisBackplane
 
 from .redis_server import RedisServer, free_port
@@ -58,12 +58,15 @@ class Collector:
     """Collects a backplane's events in the background."""
 
     def __init__(self, backplane: RedisBackplane) -> None:
-        self.events: list[bytes] = []
+        self.events: list[bytes] = []  # the entries' data
+        self.items: list[Entry | Gap] = []  # the entries and gaps
         self.task = asyncio.create_task(self._run(backplane))
 
     async def _run(self, backplane: RedisBackplane) -> None:
-        async for data in backplane.events():
-            self.events.append(data)
+        async for item in backplane.events():
+            self.items.append(item)
+            if isinstance(item, Entry):
+                self.events.append(item.data)
 
     async def until(self, count: int, timeout: float = 5.0) -> list[bytes]:
         """The events once there are ``count`` of them, and a moment more to catch extra ones."""
@@ -215,13 +218,14 @@ async def test_publish_times_out_on_a_redis_that_does_not_answer(
         server.resume()
 
 
-async def test_a_reset_stream_is_read_from_its_start(
+async def test_a_redis_restarted_without_persistence_starts_a_new_epoch(
     backplanes: Callable[..., RedisBackplane], caplog: pytest.LogCaptureFixture
 ) -> None:
     server = RedisServer(appendonly=False).start()  # restarts empty
     try:
         reader, writer = backplanes(server.url), backplanes(server.url)
         await reader.connect()
+        before = reader.epoch
         collector = Collector(reader)
         async with redis.asyncio.Redis(port=server.port) as client:
             # An id far ahead of the clock, as from a Redis whose clock was ahead.
@@ -229,12 +233,71 @@ async def test_a_reset_stream_is_read_from_its_start(
         await collector.until(1)
         server.restart()
         await writer.connect()
-        await writer.publish(b"after the reset")
-        events = await collector.until(2)
+        position = await writer.publish(b"after the reset")
+        items = await collector_items(collector, 3)
     finally:
         server.close()
-    assert events == [b"from the future", b"after the reset"]
-    assert "was reset" in caplog.text
+    assert collector.events == [b"from the future", b"after the reset"]
+    gap = items[1]
+    assert isinstance(gap, Gap) and gap.reason == "epoch_changed"
+    assert reader.epoch == writer.epoch != before
+    assert gap.position.startswith(f"{reader.epoch}.")
+    assert items[2] == Entry(position, b"after the reset")
+    assert "history on the Redis stream" in caplog.text
+
+
+async def collector_items(collector: Collector, count: int) -> list[Entry | Gap]:
+    """The first ``count`` entries and gaps a collector took."""
+    async with asyncio.timeout(5):
+        while len(collector.items) < count:
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    return collector.items
+
+
+@pytest.mark.parametrize("command", [["FLUSHALL"], ["DEL", "{bow}:events"]], ids=["flush", "del"])
+async def test_a_flushed_or_deleted_stream_starts_a_new_epoch(
+    server: RedisServer,
+    admin: redis.asyncio.Redis,
+    backplanes: Callable[..., RedisBackplane],
+    command: list[str],
+) -> None:
+    reader, writer = backplanes(), backplanes()
+    await reader.connect()
+    await writer.connect()
+    collector = Collector(reader)
+    first = await writer.publish(b"before")
+    await collector.until(1)
+    await admin.execute_command(*command)
+    second = await writer.publish(b"after")
+    items = await collector_items(collector, 3)
+    assert items[0] == Entry(first, b"before")
+    assert isinstance(items[1], Gap) and items[1].reason == "epoch_changed"
+    assert items[2] == Entry(second, b"after")
+    assert first.split(".")[0] != second.split(".")[0] == reader.epoch
+
+
+async def test_a_history_gone_backwards_starts_one_new_epoch_for_every_instance(
+    admin: redis.asyncio.Redis, backplanes: Callable[..., RedisBackplane]
+) -> None:
+    # As after a failover to a replica lacking the last entries: the same epoch key, a stream
+    # whose last id is lower than what the instances read.
+    readers = [backplanes(), backplanes()]
+    for reader in readers:
+        await reader.connect()
+    collectors = [Collector(reader) for reader in readers]
+    await readers[0].publish(b"lost by the failover")
+    for collector in collectors:
+        await collector.until(1)
+    old = readers[0].epoch
+    await admin.delete("{bow}:events")
+    await admin.xadd("{bow}:events", {b"d": b"on the replica"}, id="1-1")
+    gaps = [(await collector_items(collector, 2))[1] for collector in collectors]
+    assert all(isinstance(gap, Gap) and gap.reason == "epoch_changed" for gap in gaps)
+    assert readers[0].epoch == readers[1].epoch != old
+    position = await readers[1].publish(b"after")
+    for collector in collectors:
+        assert (await collector_items(collector, 3))[2] == Entry(position, b"after")
 
 
 async def test_trimmed_events_are_reported(
@@ -255,6 +318,13 @@ async def test_trimmed_events_are_reported(
     kept = collector.events
     assert 20 <= len(kept) < 40 and kept == published[-len(kept) :]
     assert f"{200 - len(kept)} events were trimmed" in caplog.text
+    gap = collector.items[0]
+    assert isinstance(gap, Gap) and gap.reason == "trimmed"
+    assert [item for item in collector.items if isinstance(item, Gap)] == [gap]
+    after = reader.parse_position(gap.position)
+    first = collector.items[1]
+    assert isinstance(first, Entry) and after is not None
+    assert after < reader.parse_position(first.position)  # type: ignore[operator]
 
 
 async def test_startup_with_redis_unreachable_fails_clearly_after_the_retries() -> None:
@@ -283,8 +353,8 @@ async def test_startup_waits_for_redis_within_the_retries(
         await asyncio.wait_for(connecting, 3)
         assert backplane.ready
         await backplane.publish(b"hello")
-        async for data in backplane.events():
-            assert data == b"hello"
+        async for item in backplane.events():
+            assert isinstance(item, Entry) and item.data == b"hello"
             break
     finally:
         await backplane.disconnect()
@@ -376,3 +446,21 @@ async def test_large_concurrent_events_go_in_several_pipelines_in_order(
     await asyncio.gather(*(writer.publish(data) for data in events))
     assert await collector.until(len(events)) == events
     collector.task.cancel()
+
+
+async def test_claims_of_a_dead_instance_no_longer_count(
+    admin: redis.asyncio.Redis, backplanes: Callable[..., RedisBackplane]
+) -> None:
+    live = backplanes()
+    await live.connect()
+    assert await live.claim("user 1", "socket a", 2)
+    # A crashed instance: its last heartbeat 10 s ago, one socket of user 1 still claimed.
+    seconds, _ = await admin.time()
+    await admin.zadd("{bow}:instances", {"crashed": seconds - 10})
+    await admin.zadd("{bow}:sockets:user 1", {"crashed:socket x": seconds - 10})
+    assert await live.claim("user 1", "socket b", 2)
+    assert not await live.claim("user 1", "socket c", 2)
+    assert await admin.zrange("{bow}:sockets:user 1", 0, -1) == [
+        f"{live.instance_id}:socket a".encode(),
+        f"{live.instance_id}:socket b".encode(),
+    ]

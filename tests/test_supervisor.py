@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from bow_gateway import Bow
-from bow_gateway.backplanes import MemoryBackplane
+from bow_gateway.backplanes import Entry, Gap, MemoryBackplane
 from bow_gateway.supervisor import Supervisor
 
 from .support import AUTH, PATH, Listener, base_config, read_metric, standard_bow, token
@@ -26,9 +26,9 @@ class FlakyReads(MemoryBackplane):
     def __init__(self) -> None:
         super().__init__()
         self.failing = False
-        self._unread: list[bytes] = []
+        self._unread: list[Entry | Gap] = []
 
-    async def events(self) -> AsyncIterator[bytes]:
+    async def events(self) -> AsyncIterator[Entry | Gap]:
         reads = super().events()
         while True:
             if not self._unread:

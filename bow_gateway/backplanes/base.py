@@ -1,7 +1,9 @@
 """The backplane interface: how events reach every instance of one gateway, all in one order.
 
 Every backend (:mod:`.memory`, :mod:`.redis`) implements :class:`Backplane`, and refuses what it
-cannot take with :class:`BackplaneUnavailable`, which the inbound answers with ``503``.
+cannot take with :class:`BackplaneUnavailable`, which the inbound answers with ``503``. Each event
+gets a position (``"{epoch}.{...}"``): opaque to clients, increasing within one epoch, an epoch
+being one unbroken history (protocol 2, section 7).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ class BackplaneUnavailable(Exception):
 class Entry:
     """One event read from the backplane, with its position in the history."""
 
-    position: str
+    position: str  # opaque ASCII <= 64 chars, increasing in accept order across instances
     data: bytes
 
 
@@ -31,8 +33,12 @@ class Entry:
 class Gap:
     """The history is broken here: events may be missing before ``position``."""
 
-    position: str
-    reason: str
+    position: str  # live delivery continues after it
+    reason: str  # "epoch_changed" | "trimmed"
+
+
+EPOCH_CHANGED = "epoch_changed"
+TRIMMED = "trimmed"
 
 
 class Backplane(abc.ABC):
@@ -48,37 +54,53 @@ class Backplane(abc.ABC):
 
     @abc.abstractmethod
     async def publish(self, data: bytes) -> str:
-        """Hand ``data`` over for delivery, or raise :class:`BackplaneUnavailable`.
-
-        Once this returns, the event is not lost: every instance's :meth:`events` yields it.
-        """
+        """Hand ``data`` over for delivery and return its position, or raise
+        :class:`BackplaneUnavailable`. Once this returns, every instance's :meth:`events` yields it
+        (unless a :class:`Gap` says otherwise)."""
 
     @abc.abstractmethod
     def events(self) -> AsyncIterator[Entry | Gap]:
-        """Every event published by any instance, in one order, until :meth:`disconnect`."""
+        """Every event published by any instance from :meth:`connect` on, in one order, and the
+        gaps in that history, until :meth:`disconnect`."""
+
+    @abc.abstractmethod
+    async def backlog(self, count: int) -> list[Entry]:
+        """The newest ``count`` (at most) entries already in the history when :meth:`connect`
+        returned, oldest first; called once, right after it, before :meth:`events`."""
+
+    @abc.abstractmethod
+    def origin(self) -> str | None:
+        """The position :meth:`events` continues after: the newest entry when :meth:`connect`
+        returned, or the start of its epoch (None while Redis has no epoch yet)."""
+
+    @abc.abstractmethod
+    def parse_position(self, position: str) -> tuple[str, tuple[int, ...]] | None:
+        """``(epoch, sortable key)`` of one of this backend's positions, ``None`` if malformed."""
+
+    @property
+    @abc.abstractmethod
+    def epoch(self) -> str:
+        """The epoch :meth:`events` is in now (ASCII, no ``.``)."""
 
     @property
     @abc.abstractmethod
     def ready(self) -> bool:
         """Whether :meth:`publish` can take events now (``GET /health`` says 503 when not)."""
 
-    @abc.abstractmethod
-    async def backlog(self, count: int) -> list[Entry]:
-        """The newest ``count`` entries already in the history at connect, oldest first."""
-
-    @abc.abstractmethod
-    def parse_position(self, position: str) -> tuple[str, tuple[int, ...]] | None:
-        """``(epoch, sortable key)`` of a position, or None if it is not one."""
+    # -- asking every instance (POST /_bow/count) ------------------------------------------
 
     @abc.abstractmethod
     async def answer(self, request_id: str, data: bytes) -> None:
-        """This instance's answer to a request."""
+        """This instance's answer to the request ``request_id`` of :meth:`answers`."""
 
     @abc.abstractmethod
     async def answers(
-        self, request_id: str, publish: Callable[[], Awaitable[str]], timeout: float = 0.5
+        self, request_id: str, publish: Callable[[], Awaitable[str]], timeout: float
     ) -> tuple[list[bytes], bool]:
-        """Publish a request, then collect every live instance's answer: (answers, complete)."""
+        """Note the live instances, call ``publish()`` (which publishes the request), then collect
+        their answers within ``timeout`` seconds: ``(answers, every live instance answered)``."""
+
+    # -- sockets per id across instances (outbound.max_sockets_per_id) ---------------------
 
     @abc.abstractmethod
     async def claim(self, key: str, member: str, limit: int) -> bool:
@@ -86,4 +108,4 @@ class Backplane(abc.ABC):
 
     @abc.abstractmethod
     async def release(self, key: str, member: str) -> None:
-        """Remove ``member`` from ``key``."""
+        """Remove ``member`` from ``key`` (no-op if absent)."""

@@ -3,30 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
-from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Final
 
 from .base import Backplane, BackplaneUnavailable, Entry, Gap
+
+_POSITION: Final = re.compile(r"([0-9a-z]{1,32})\.([0-9]{1,20})")
 
 
 class MemoryBackplane(Backplane):
     """One instance, no Redis: a bounded in-process queue between the inbound and the sockets.
 
-    Its history is this process's: a restart starts a new epoch.
+    Its history lives in this process only, so each backplane starts a new random epoch, and its
+    positions are ``"{epoch}.{n}"``, ``n`` counting from 1.
     """
 
     def __init__(self, max_pending: int = 10_000) -> None:
         self._max_pending = max_pending
         self._queue: asyncio.Queue[Entry | None] | None = None
-        self._epoch = secrets.token_hex(4)
+        self._epoch = secrets.token_hex(6)
         self._count = 0
-        self._answers: dict[str, list[bytes]] = {}
-        self._claims: defaultdict[str, set[str]] = defaultdict(set)
-
-    @property
-    def epoch(self) -> str:
-        return self._epoch
+        self._asks: dict[str, tuple[list[bytes], asyncio.Event]] = {}
+        self._claims: dict[str, set[str]] = {}
 
     async def connect(self) -> None:
         # The bound is kept by publish(), so that disconnect() can always add the end marker.
@@ -57,38 +57,51 @@ class MemoryBackplane(Backplane):
             yield entry
 
     async def backlog(self, count: int) -> list[Entry]:
+        """Nothing: a new process starts a new history."""
         return []
 
+    def origin(self) -> str | None:
+        return f"{self._epoch}.0"
+
     def parse_position(self, position: str) -> tuple[str, tuple[int, ...]] | None:
-        epoch, dot, number = position.partition(".")
-        if not dot or not epoch or not number.isdigit() or len(position) > 64:
-            return None
-        return epoch, (int(number),)
+        match = _POSITION.fullmatch(position)
+        return None if match is None else (match[1], (int(match[2]),))
+
+    @property
+    def epoch(self) -> str:
+        return self._epoch
+
+    @property
+    def ready(self) -> bool:
+        return self._queue is not None
 
     async def answer(self, request_id: str, data: bytes) -> None:
-        answers = self._answers.get(request_id)
-        if answers is not None:
-            answers.append(data)
+        """Collected if :meth:`answers` waits for ``request_id``, else dropped."""
+        if (ask := self._asks.get(request_id)) is not None:
+            ask[0].append(data)
+            ask[1].set()
 
     async def answers(
-        self, request_id: str, publish: Callable[[], Awaitable[str]], timeout: float = 0.5
+        self, request_id: str, publish: Callable[[], Awaitable[str]], timeout: float
     ) -> tuple[list[bytes], bool]:
-        answers: list[bytes] = []
-        self._answers[request_id] = answers
+        """The one instance's answer (this one), or ``([], False)`` without it in time."""
+        got: list[bytes] = []
+        answered = asyncio.Event()
+        self._asks[request_id] = (got, answered)
         try:
             await publish()
-            async with asyncio.timeout(timeout):
-                while not answers:
-                    await asyncio.sleep(0.001)
-        except TimeoutError:
-            return answers, False
+            try:
+                async with asyncio.timeout(timeout):
+                    await answered.wait()
+            except TimeoutError:
+                pass
+            return list(got), bool(got)
         finally:
-            del self._answers[request_id]
-        return answers, True
+            del self._asks[request_id]
 
     async def claim(self, key: str, member: str, limit: int) -> bool:
-        members = self._claims[key]
-        if limit and len(members) >= limit and member not in members:
+        members = self._claims.setdefault(key, set())
+        if member not in members and limit and len(members) >= limit:
             return False
         members.add(member)
         return True
@@ -99,7 +112,3 @@ class MemoryBackplane(Backplane):
             members.discard(member)
             if not members:
                 del self._claims[key]
-
-    @property
-    def ready(self) -> bool:
-        return self._queue is not None

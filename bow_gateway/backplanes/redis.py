@@ -2,7 +2,9 @@
 
 Each event is one ``XADD`` (a single field, ``d``), the stream trimmed to about ``max_len``
 entries; events published while an ``XADD`` is under way go together in one pipeline, in the
-order they were published. Every instance reads the stream with ``XREAD BLOCK`` from the last id
+order they were published. Each ``XADD`` runs in a Lua script (:mod:`.redis_scripts`) that also
+starts a new epoch when the stream or the epoch key is missing; a position is
+``"{epoch}.{stream id}"``. Every instance reads the stream with ``XREAD BLOCK`` from the last id
 it has read, so after a lost connection it resumes where it stopped: nothing published meanwhile
 is skipped, and nothing is read twice. A failed publish is not retried, and it may still be
 delivered: when the connection breaks after Redis applied it (a whole pipeline fails, even the
@@ -13,19 +15,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from ..redis_client import RedisSettings, describe, redis_client
-from .base import Backplane, BackplaneUnavailable
+from .base import EPOCH_CHANGED, TRIMMED, Backplane, BackplaneUnavailable, Entry, Gap
+from .redis_ids import (
+    POSITION,
+    Cursor,
+    Look,
+    StreamId,
+    as_text,
+    format_id,
+    id_before,
+    parse_id,
+    stream_entries,
+)
+from .redis_instances import FAILURES, Instances
+from .redis_scripts import Scripts
 
 RESYNC_INTERVAL: Final = 1.0
 """Seconds between two looks (``XINFO STREAM``) at a stream read without interruption."""
@@ -34,21 +48,12 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Client = Redis | RedisCluster
-StreamId = tuple[int, int]
 FIELD = b"d"
-_FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
+_FAILURES = FAILURES
 
 
 class _Stopped(Exception):
     """:meth:`RedisBackplane.disconnect` was called: the reader ends."""
-
-
-@dataclass
-class _Cursor:
-    """How far a reader has read: the last id, and how many entries the stream had added by then."""
-
-    last: StreamId = (0, 0)
-    seen: int = 0
 
 
 class RedisBackplane(Backplane):
@@ -71,9 +76,14 @@ class RedisBackplane(Backplane):
         retry_backoff: float = 0.1,
         max_backoff: float = 5.0,
         publish_timeout: float = 2.0,
+        heartbeat_interval: float = 1.0,
+        live_for: float = 3.0,
     ) -> None:
         self.redis = redis
+        self.namespace = namespace
         self.key = f"{{{namespace}}}:events"  # a hash tag, so that a cluster never splits it
+        self.epoch_key = f"{{{namespace}}}:epoch"
+        self.instance_id = secrets.token_hex(8)
         self._max_len = max_len
         self._block_ms = block_ms
         self._batch = batch
@@ -82,35 +92,52 @@ class RedisBackplane(Backplane):
         self._retry_backoff = retry_backoff
         self._max_backoff = max_backoff
         self._publish_timeout = publish_timeout
-        self._trim: dict[str, Any] = {"maxlen": max_len, "approximate": True}
+        self._heartbeat = (heartbeat_interval, live_for)
         self._client: Client | None = None
+        self._scripts: Scripts | None = None
+        self._instances: Instances | None = None
         self._closers: list[Callable[[], Awaitable[Any]]] = []
-        self._cursor = _Cursor()
+        self._cursor = Cursor()
+        self._connected_at = Cursor()  # where the history ended when connect() returned
+        self._epoch_after: StreamId = (0, 0)  # the id after which that epoch's entries start
         self._healthy = False
         self._readers: set[asyncio.Task[Any]] = set()  # tasks inside a read disconnect() ends
         self._interrupted: set[asyncio.Task[Any]] = set()  # those disconnect() has cancelled
-        self._pending: list[tuple[bytes, asyncio.Future[None]]] = []  # published, not yet sent
+        self._pending: list[tuple[bytes, asyncio.Future[str]]] = []  # published, not yet sent
         self._writer: asyncio.Task[None] | None = None  # sends the pending events, then ends
 
     @property
     def ready(self) -> bool:
         return self._client is not None and self._healthy
 
+    @property
+    def epoch(self) -> str:
+        """The epoch of what :meth:`events` yields now (a publish may see a newer one first)."""
+        return self._cursor.epoch
+
     async def connect(self) -> None:
-        """Reach Redis, retrying with capped exponential backoff, and note where the stream ends."""
+        """Reach Redis, retrying with capped exponential backoff, note where the stream ends and
+        its epoch, and start heartbeating."""
         if self._client is not None:
             return
         client, closers = self._open()
+        scripts = Scripts(client)
         try:
-            self._cursor = await self._tail(client)
+            self._cursor = await self._tail(client, scripts)
         except BaseException:
             for close in closers:
                 await close()
             raise
-        self._client, self._closers, self._healthy = client, closers, True
+        self._connected_at = Cursor(self._cursor.last, self._cursor.seen, self._cursor.epoch)
+        self._client, self._scripts, self._closers, self._healthy = client, scripts, closers, True
+        interval, live_for = self._heartbeat
+        self._instances = Instances(
+            client, scripts, self.namespace, self.instance_id, interval, live_for
+        )
+        await self._instances.start()
 
     async def disconnect(self) -> None:
-        """Let publishes under way finish, interrupt the reads, close the connections."""
+        """Let publishes under way finish, interrupt the reads, stop heartbeating, close."""
         client, self._client = self._client, None
         if client is None:
             return
@@ -118,25 +145,29 @@ class RedisBackplane(Backplane):
         for task in self._readers:
             self._interrupted.add(task)
             task.cancel()
+        instances, self._instances = self._instances, None
         try:
             if self._writer is not None:
                 await asyncio.wait({self._writer})
+            if instances is not None:
+                await instances.stop()
         finally:
             for close in self._closers:
                 await close()
 
-    async def publish(self, data: bytes) -> None:
-        """``XADD`` within ``publish_timeout``, or raise :class:`BackplaneUnavailable`; no retry."""
+    async def publish(self, data: bytes) -> str:
+        """``XADD`` within ``publish_timeout`` and return the position, or raise
+        :class:`BackplaneUnavailable`; no retry."""
         client = self._client
         if client is None:
             raise BackplaneUnavailable("the gateway is not connected to Redis")
-        written = asyncio.get_running_loop().create_future()
+        written: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._pending.append((data, written))
         if self._writer is None:
             self._writer = asyncio.ensure_future(self._write(client))
         try:
             async with asyncio.timeout(self._publish_timeout):
-                await written  # on a timeout, cancelled: the writer then skips it if unsent
+                position = await written  # on a timeout, cancelled: the writer skips it if unsent
         except TimeoutError:
             exc = TimeoutError(f"no answer within {self._publish_timeout}s")
             self._lost(exc, "writing to")
@@ -145,22 +176,28 @@ class RedisBackplane(Backplane):
             self._lost(exc, "writing to")
             raise BackplaneUnavailable(f"Redis did not take the event: {_reason(exc)}") from exc
         self._healthy = True
+        return position
 
-    async def events(self) -> AsyncIterator[bytes]:
+    async def events(self) -> AsyncIterator[Entry | Gap]:
         """Read on from the last id read (one reader at a time; a later call resumes there)."""
         client, cursor = self._client, self._cursor
         if client is None:
             return
         failures, check, checked = 0, True, 0.0
         while True:
+            gap: Gap | None = None
+            response: Any = None
+            epoch: str | None = None
             try:
                 if failures:  # Redis failed us: wait, then look at the stream before reading on
                     delay = self._delay(failures - 1)
                     await self._unless_stopped(client, partial(asyncio.sleep, delay))
                 if check:
-                    await self._unless_stopped(client, partial(self._resync, client, cursor))
-                    checked = time.monotonic()
-                response = await self._unless_stopped(client, partial(self._xread, client, cursor))
+                    gap = await self._unless_stopped(client, partial(self._resync, client, cursor))
+                    check, checked = False, time.monotonic()
+                if gap is None:
+                    read = partial(self._xread, client, cursor)
+                    response, epoch = await self._unless_stopped(client, read)
             except _Stopped:
                 return
             except _FAILURES as exc:
@@ -171,22 +208,71 @@ class RedisBackplane(Backplane):
                 logger.info("reading %s from Redis again", self.key)
                 failures = 0
             self._healthy = True
-            entries = _entries(response)
+            if gap is not None:
+                yield gap
+                continue
+            if epoch != cursor.epoch:  # a new history: what was read may belong to it
+                check = True
+                continue
+            entries = stream_entries(response)
             for entry_id, fields in entries:
-                cursor.last, cursor.seen = _parse(entry_id), cursor.seen + 1
+                cursor.last, cursor.seen = parse_id(entry_id), cursor.seen + 1
                 if FIELD in fields:
-                    yield fields[FIELD]
+                    yield Entry(f"{epoch}.{as_text(entry_id)}", fields[FIELD])
             # Trimming can pass this reader only while it is behind (its batch came back full)
-            # or slow (delivering took long), and a stream reset without a lost connection (a
-            # DEL) shows at the next periodic look; looking after every batch would cost a
-            # round trip per message.
+            # or slow (delivering took long), and each read checks the epoch; looking after every
+            # batch would cost a round trip per message.
             check = len(entries) >= self._batch or time.monotonic() - checked >= RESYNC_INTERVAL
+
+    async def backlog(self, count: int) -> list[Entry]:
+        """The newest ``count`` entries up to where the stream ended at :meth:`connect`."""
+        client, end = self._client, self._connected_at
+        if client is None or count <= 0 or end.last == (0, 0):
+            return []
+        try:
+            found: Any = await client.xrevrange(self.key, format_id(end.last), "-", count=count)
+        except _FAILURES as exc:
+            raise BackplaneUnavailable(f"Redis did not give the backlog: {_reason(exc)}") from exc
+        return [
+            Entry(f"{end.epoch}.{as_text(entry_id)}", fields[FIELD])
+            for entry_id, fields in reversed(found)
+            if FIELD in fields and parse_id(entry_id) > self._epoch_after
+        ]
+
+    def origin(self) -> str | None:
+        end = self._connected_at
+        return f"{end.epoch}.{format_id(end.last)}" if end.epoch else None
+
+    def parse_position(self, position: str) -> tuple[str, tuple[int, ...]] | None:
+        match = POSITION.fullmatch(position)
+        if match is None or len(position) > 64:
+            return None
+        return match[1], (int(match[2]), int(match[3]))
+
+    async def answer(self, request_id: str, data: bytes) -> None:
+        await self._joined().answer(request_id, data)
+
+    async def answers(
+        self, request_id: str, publish: Callable[[], Awaitable[str]], timeout: float
+    ) -> tuple[list[bytes], bool]:
+        return await self._joined().answers(request_id, publish, timeout)
+
+    async def claim(self, key: str, member: str, limit: int) -> bool:
+        return await self._joined().claim(key, member, limit)
+
+    async def release(self, key: str, member: str) -> None:
+        await self._joined().release(key, member)
+
+    def _joined(self) -> Instances:
+        if self._instances is None:
+            raise BackplaneUnavailable("the gateway is not connected to Redis")
+        return self._instances
 
     # -- Redis commands -----------------------------------------------------------------------
 
     async def _write(self, client: Client) -> None:
         """Send the pending events, a pipeline at a time, until none is left."""
-        batch: list[tuple[bytes, asyncio.Future[None]]] = []
+        batch: list[tuple[bytes, asyncio.Future[str]]] = []
         try:
             while self._pending:
                 batch = self._next_batch()
@@ -194,7 +280,7 @@ class RedisBackplane(Backplane):
                     continue
                 try:
                     async with asyncio.timeout(self._publish_timeout):
-                        results = await self._xadd(client, [data for data, _ in batch])
+                        results = await self._xadd([data for data, _ in batch])
                 except TimeoutError:
                     late = TimeoutError(f"no answer within {self._publish_timeout}s")
                     results = [late] * len(batch)
@@ -206,16 +292,18 @@ class RedisBackplane(Backplane):
                     if isinstance(result, Exception):
                         written.set_exception(result)
                     else:
-                        written.set_result(None)
+                        value, entry_id = result
+                        epoch = bytes(value).partition(b" ")[0].decode()
+                        written.set_result(f"{epoch}.{as_text(entry_id)}")
         finally:
             self._writer = None
             for _, written in [*batch, *self._pending]:  # cancelled midway: no one will send them
                 if not written.done():
                     written.set_exception(OSError("the writer was stopped"))
 
-    def _next_batch(self) -> list[tuple[bytes, asyncio.Future[None]]]:
+    def _next_batch(self) -> list[tuple[bytes, asyncio.Future[str]]]:
         """The oldest pending events still awaited, within ``batch`` events and ``batch_bytes``."""
-        batch: list[tuple[bytes, asyncio.Future[None]]] = []
+        batch: list[tuple[bytes, asyncio.Future[str]]] = []
         size = taken = 0
         for data, written in self._pending:
             if batch and (len(batch) == self._batch or size + len(data) > self._batch_bytes):
@@ -227,35 +315,47 @@ class RedisBackplane(Backplane):
         del self._pending[:taken]
         return batch
 
-    async def _xadd(self, client: Client, events: list[bytes]) -> list[Any]:
-        """``XADD`` each event: one command alone (cheaper), else a pipeline."""
+    async def _xadd(self, events: list[bytes]) -> list[Any]:
+        """Run the publish script for each event: one call alone (cheaper), else a pipeline."""
+        assert self._scripts is not None
+        keys, epoch = [self.key, self.epoch_key], secrets.token_hex(6)
         if len(events) == 1:
-            return [await client.xadd(self.key, {FIELD: events[0]}, **self._trim)]
-        pipeline = client.pipeline(transaction=False)
-        for data in events:
-            pipeline.xadd(self.key, {FIELD: data}, **self._trim)
-        return list(await pipeline.execute(raise_on_error=False))
+            return [await self._scripts.run("publish", keys, [events[0], epoch, self._max_len])]
+        calls: list[list[Any]] = [[data, epoch, self._max_len] for data in events]
+        return await self._scripts.pipelined("publish", keys, calls)
 
-    async def _xread(self, client: Client, cursor: _Cursor) -> Any:
-        last = f"{cursor.last[0]}-{cursor.last[1]}"
-        return await client.xread({self.key: last}, count=self._batch, block=self._block_ms)
+    async def _xread(self, client: Client, cursor: Cursor) -> tuple[Any, str | None]:
+        """``XREAD`` on from ``cursor``, then (if it found entries) the epoch they belong to."""
+        last = format_id(cursor.last)
+        response = await client.xread({self.key: last}, count=self._batch, block=self._block_ms)
+        if not response:
+            return response, cursor.epoch
+        value = await client.get(self.epoch_key)
+        return response, None if value is None else as_text(value).partition(" ")[0]
 
-    async def _info(self, client: Client) -> dict[str, Any] | None:
-        """``XINFO STREAM`` of the events stream, or ``None`` while it does not exist."""
-        try:
-            info: dict[str, Any] = await client.xinfo_stream(self.key)
-        except ResponseError as exc:
-            if "no such key" in str(exc).lower():
-                return None
-            raise
-        return info
+    async def _look(self, scripts: Scripts, replace: str = "") -> Look:
+        """The epoch (a new one if it or the stream is missing, or if it is ``replace``) and the
+        stream's state, in one atomic script."""
+        value, last, added, first, length = await scripts.run(
+            "look", [self.key, self.epoch_key], [secrets.token_hex(6), replace]
+        )
+        epoch, after, added_then = bytes(value).decode().split(" ")
+        return Look(
+            epoch,
+            parse_id(after),
+            int(added_then),
+            parse_id(last),
+            int(added) if added else None,
+            parse_id(first) if first else None,
+            int(length),
+        )
 
-    async def _tail(self, client: Client) -> _Cursor:
-        """Where the stream ends now, retried while Redis is unreachable."""
+    async def _tail(self, client: Client, scripts: Scripts) -> Cursor:
+        """Where the stream ends now and its epoch, retried while Redis is unreachable."""
         attempt = 0
         while True:
             try:
-                info = await self._info(client)
+                look = await self._look(scripts)
                 break
             except _FAILURES as exc:
                 where, reason = describe(self.redis), _reason(exc)
@@ -269,39 +369,44 @@ class RedisBackplane(Backplane):
                 )
                 await asyncio.sleep(delay)
                 attempt += 1
-        if info is None:
-            return _Cursor()
-        return _Cursor(_parse(info["last-generated-id"]), info.get("entries-added") or 0)
+        self._epoch_after = look.after
+        return Cursor(look.last, look.added or 0, look.epoch)
 
-    async def _resync(self, client: Client, cursor: _Cursor) -> None:
-        """Before reading on: notice a stream that was reset, or trimmed past ``cursor``."""
-        info = await self._info(client)
-        added = info.get("entries-added") if info else 0
-        if (
-            info is None
-            or _parse(info["last-generated-id"]) < cursor.last
-            or (added is not None and added < cursor.seen)
-        ):
-            if cursor != _Cursor():
-                logger.warning(
-                    "the Redis stream %s was reset (Redis restarted without persistence?): reading"
-                    " it from its start; events this instance had not read by then are lost",
-                    self.key,
-                )
-            cursor.last, cursor.seen = (0, 0), 0
-            return
-        first = info["first-entry"]
-        if added is not None and first is not None and _parse(first[0]) > cursor.last:
-            lost = added - cursor.seen - info["length"]
-            if lost > 0:
-                logger.warning(
-                    "%d events were trimmed from the Redis stream %s before this instance could "
-                    "read them (max_len=%d)",
-                    lost,
-                    self.key,
-                    self._max_len,
-                )
-                cursor.seen += lost
+    async def _resync(self, client: Client, cursor: Cursor) -> Gap | None:
+        """Before reading on: notice a new epoch, a history gone backwards, or entries trimmed
+        past ``cursor``; move ``cursor`` to where reading goes on, and say the gap."""
+        assert self._scripts is not None
+        look = await self._look(self._scripts)
+        if look.epoch == cursor.epoch and (
+            look.last < cursor.last or (look.added is not None and look.added < cursor.seen)
+        ):  # the same epoch, a shorter history: a failover to a replica lacking entries
+            look = await self._look(self._scripts, replace=cursor.epoch)
+        if look.epoch != cursor.epoch:
+            logger.warning(
+                "the history on the Redis stream %s changed (Redis lost its data, was flushed,"
+                " the stream deleted, or a failover went back): epoch %s, then %s; events this"
+                " instance had not read by then are lost",
+                self.key,
+                cursor.epoch,
+                look.epoch,
+            )
+            cursor.epoch, cursor.last, cursor.seen = look.epoch, look.after, look.added_then
+            return Gap(f"{look.epoch}.{format_id(look.after)}", EPOCH_CHANGED)
+        if look.added is None or look.first is None or look.first <= cursor.last:
+            return None
+        lost = look.added - cursor.seen - look.length
+        if lost <= 0:
+            return None
+        logger.warning(
+            "%d events were trimmed from the Redis stream %s before this instance could read them"
+            " (max_len=%d)",
+            lost,
+            self.key,
+            self._max_len,
+        )
+        cursor.seen += lost
+        cursor.last = id_before(look.first)
+        return Gap(f"{cursor.epoch}.{format_id(cursor.last)}", TRIMMED)
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -347,22 +452,6 @@ class RedisBackplane(Backplane):
         if self._healthy:
             logger.warning("lost Redis while %s %s: %s; retrying", doing, self.key, _reason(exc))
         self._healthy = False
-
-
-def _entries(response: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
-    """The ``(id, fields)`` entries of an XREAD on one stream, whatever shape redis-py chose."""
-    if not response:
-        return []
-    (entries,) = response.values() if isinstance(response, dict) else [s[1] for s in response]
-    if entries and isinstance(entries[0], list):  # RESP3 with legacy_responses: one level more
-        (entries,) = entries
-    return list(entries)
-
-
-def _parse(entry_id: bytes | str) -> StreamId:
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    milliseconds, _, sequence = text.partition("-")
-    return int(milliseconds), int(sequence or 0)
 
 
 def _reason(exc: BaseException) -> str:

@@ -1,0 +1,135 @@
+"""What the instances of one gateway share on Redis besides the stream: who is alive (a heartbeat
+in a sorted set), their answers to a request (a list), and the sockets each id holds (claims)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+from redis.exceptions import RedisClusterException, RedisError
+
+from .base import BackplaneUnavailable
+from .redis_scripts import Scripts
+
+ANSWER_TTL: Final = 10
+"""Seconds an answer list lives in Redis (late answers included)."""
+
+logger = logging.getLogger(__name__)
+FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
+
+
+class Instances:
+    """The instance ``instance_id`` among those of ``namespace``: heartbeats, answers, claims.
+
+    ``interval``: seconds between heartbeats; ``live_for``: seconds an instance counts as live
+    after its last one.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        scripts: Scripts,
+        namespace: str,
+        instance_id: str,
+        interval: float = 1.0,
+        live_for: float = 3.0,
+    ) -> None:
+        self._client = client
+        self._scripts = scripts
+        self._prefix = f"{{{namespace}}}"
+        self.key = f"{self._prefix}:instances"
+        self.id = instance_id
+        self._interval = interval
+        self._live_for = live_for
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Beat once (if Redis answers), then every ``interval`` until :meth:`stop`."""
+        with contextlib.suppress(*FAILURES):
+            async with asyncio.timeout(self._interval):
+                await self._beat()
+        self._task = asyncio.create_task(self._run(), name=f"heartbeat of {self.id}")
+
+    async def stop(self) -> None:
+        """End the heartbeats and leave the live instances (if Redis answers soon)."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        with contextlib.suppress(*FAILURES):
+            async with asyncio.timeout(self._interval):
+                await self._client.zrem(self.key, self.id)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                async with asyncio.timeout(self._interval):
+                    await self._beat()
+            except FAILURES as exc:  # the backplane's reader reports lost connections
+                logger.debug("heartbeat of %s failed: %s", self.id, exc)
+
+    async def _beat(self) -> None:
+        await self._scripts.run("heartbeat", [self.key], [self.id, self._live_for])
+
+    async def answer(self, request_id: str, data: bytes) -> None:
+        """Add this instance's answer to ``request_id``'s list."""
+        key = f"{self._prefix}:answers:{request_id}"
+        pipeline = self._client.pipeline(transaction=False)
+        pipeline.rpush(key, self.id.encode() + b" " + data)
+        pipeline.expire(key, ANSWER_TTL)
+        try:
+            await pipeline.execute()
+        except FAILURES as exc:
+            raise BackplaneUnavailable(f"Redis did not take the answer: {exc}") from exc
+
+    async def answers(
+        self, request_id: str, publish: Callable[[], Awaitable[str]], timeout: float
+    ) -> tuple[list[bytes], bool]:
+        """The answers of the instances live now (and of any other) within ``timeout``."""
+        key = f"{self._prefix}:answers:{request_id}"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            live = await self._scripts.run("live", [self.key], [self._live_for])
+        except FAILURES as exc:
+            raise BackplaneUnavailable(f"Redis did not say which instances live: {exc}") from exc
+        expected = {bytes(instance) for instance in live}
+        await publish()
+        got: list[bytes] = []
+        answered: set[bytes] = set()
+        try:
+            while not expected <= answered and (left := deadline - loop.time()) > 0:
+                popped = await self._client.blpop([key], timeout=max(left, 0.001))
+                if popped is not None:
+                    instance, _, data = bytes(popped[1]).partition(b" ")
+                    answered.add(instance)
+                    got.append(data)
+        except FAILURES as exc:
+            logger.warning("lost Redis while collecting the answers to %s: %s", request_id, exc)
+            return got, False
+        with contextlib.suppress(*FAILURES):
+            await self._client.delete(key)
+        return got, expected <= answered
+
+    async def claim(self, key: str, member: str, limit: int) -> bool:
+        """Add ``member`` to ``key``'s claims unless ``limit`` live ones hold it (0: no limit)."""
+        keys = [f"{self._prefix}:sockets:{key}", self.key]
+        try:
+            added = await self._scripts.run(
+                "claim", keys, [f"{self.id}:{member}", limit, self._live_for]
+            )
+        except FAILURES as exc:
+            raise BackplaneUnavailable(f"Redis did not take the claim: {exc}") from exc
+        return bool(added)
+
+    async def release(self, key: str, member: str) -> None:
+        try:
+            await self._client.zrem(f"{self._prefix}:sockets:{key}", f"{self.id}:{member}")
+        except FAILURES as exc:
+            raise BackplaneUnavailable(f"Redis did not take the release: {exc}") from exc
