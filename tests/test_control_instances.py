@@ -121,7 +121,8 @@ def pair(
         yield started[0], started[1]
     finally:
         for gateway in started:
-            os.kill(gateway.process.pid, signal.SIGCONT)  # should a test have left it paused
+            with contextlib.suppress(ProcessLookupError):  # should a test have left it paused
+                os.kill(gateway.process.pid, signal.SIGCONT)
             try:
                 gateway.stop()
             except subprocess.TimeoutExpired:
