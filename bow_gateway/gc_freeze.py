@@ -22,9 +22,13 @@ from typing import Any
 _freezing = False  # a collection of ours: not one to freeze after
 
 
-async def freeze_after_connects(connects: Callable[[], int], interval: float = 1.0) -> None:
-    """Freeze what is alive after start-up, then each ``interval`` s in which sockets connected,
-    and after every full collection the interpreter runs of its own accord.
+async def freeze_after_connects(
+    connects: Callable[[], int], interval: float = 1.0, max_delay: float = 10.0
+) -> None:
+    """Freeze what is alive after start-up, then once sockets have connected and a quiet
+    ``interval`` followed (or every ``max_delay`` s while they keep connecting: a collection
+    during a burst of reconnections stalled the loop 60-330 ms a second), and after every full
+    collection the interpreter runs of its own accord.
 
     ``connects()`` counts the connections opened so far. A full collection comes first, so that
     no garbage is frozen: it walks only what was allocated since the last freeze. Freezing after
@@ -40,12 +44,19 @@ async def freeze_after_connects(connects: Callable[[], int], interval: float = 1
 
     gc.callbacks.append(after_collection)
     frozen_at: int | None = None
+    seen = connects()
+    busy_since: float | None = None
     try:
         while True:
-            count = connects()
-            if count != frozen_at:
+            count, now = connects(), loop.time()
+            busy = count != seen
+            seen = count
+            if busy and busy_since is None:
+                busy_since = now
+            overdue = busy_since is not None and now - busy_since >= max_delay
+            if count != frozen_at and (not busy or overdue):
                 _freeze()
-                frozen_at = count
+                frozen_at, busy_since = count, None
             await asyncio.sleep(interval)
     finally:
         gc.callbacks.remove(after_collection)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
+from .changes import Changes
 from .index import Query
 from .message import DISCONNECT, MessageEvent
 
@@ -24,14 +25,18 @@ TOO_OLD: Final = "too_old"
 TOO_MANY: Final = "too_many"
 UNKNOWN_POSITION: Final = "unknown_position"
 DISABLED: Final = "disabled"
+CONTROL_ITEMS: Final = 4  # items of any kind kept, per message of max_count
 
 
 @dataclass(slots=True)
-class _Item:
+class Kept:
+    """One event of the window: a message to replay, or a control event's position."""
+
     position: str
     key: tuple[int, ...]
     message: MessageEvent | None  # None: a control event, or a message never replayed
     at: float  # time.time() when it was accepted
+    packet: bytes | None = None  # the message as replayed, encoded once for every socket
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +46,7 @@ class Recovery:
     recovered: bool
     reason: str | None
     position: str | None  # where replay ends and live delivery begins
-    replay: list[tuple[str, MessageEvent]] = field(default_factory=list)
+    replay: list[Kept] = field(default_factory=list)
 
 
 class History:
@@ -58,16 +63,15 @@ class History:
         self._parse = parse
         self._max_count = max_count
         self._max_age = max_age
-        self._items: deque[_Item] = deque()
+        self._items: deque[Kept] = deque()
         self._numbers: dict[str, int] = {}  # position -> number of its item (counted from 0)
         self._first = 0  # number of self._items[0]
         self.epoch: str | None = None
         self.last: str | None = None  # the newest position delivered, message or not
         self._floor: tuple[int, ...] | None = None  # key of the last position forgotten
-        # (middleware version, listener id) -> its latest criteria changes: (position key, entries)
-        self._criteria: OrderedDict[tuple[str, Hashable], list[tuple[tuple[int, ...], Hashable]]]
-        self._criteria = OrderedDict()
-        self._max_listeners = max_listeners
+        self.delivered: str | None = None  # the newest position the consumer has delivered
+        self._messages = 0  # messages among the items (only they count toward max_count)
+        self.changes = Changes(parse, max_listeners=max_listeners)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -85,35 +89,16 @@ class History:
             message = None
         at = accepted_at if accepted_at is not None else time.time()
         number = self._first + len(self._items)
-        self._items.append(_Item(position, key, message, at))
+        self._items.append(Kept(position, key, message, at))
         self._numbers[position] = number
         self.last = position
-        if len(self._items) > self._max_count:
+        self._messages += message is not None
+        # Control events keep their positions (an ack or a __position may name one) without
+        # pushing messages out, within a bound of their own.
+        while (
+            self._messages > self._max_count or len(self._items) > CONTROL_ITEMS * self._max_count
+        ):
             self._forget_one()
-
-    def note_criteria(
-        self, position: str, version: str, listener_id: Hashable, entries: Hashable
-    ) -> None:
-        """A listener's criteria changed at ``position`` (kept for ``criteria_changed``; the
-        last few changes of the ``max_listeners`` listeners changed most recently)."""
-        parsed = self._parse(position)
-        if parsed is None:
-            return
-        key = (version, listener_id)
-        changes = self._criteria.pop(key, [])
-        changes.append((parsed[1], entries))
-        self._criteria[key] = changes[-4:]
-        if len(self._criteria) > self._max_listeners:
-            self._criteria.popitem(last=False)
-
-    def criteria_at(self, since: str, version: str, listener_id: Hashable) -> Hashable | None:
-        """The criteria (entries) this listener had at ``since``, as far as known, else None."""
-        parsed = self._parse(since) if isinstance(since, str) else None
-        changes = self._criteria.get((version, listener_id))
-        if parsed is None or not changes:
-            return None
-        before = [entries for key, entries in changes if key <= parsed[1]]
-        return before[-1] if before else changes[0][1]
 
     def restart(self, position: str) -> None:
         """The history broke (a gap): forget everything; it continues after ``position``."""
@@ -121,13 +106,27 @@ class History:
         self._items.clear()
         self._numbers.clear()
         self._first = 0
+        self._messages = 0
         self.epoch, self._floor = (None, None) if parsed is None else parsed
         self.last = position
 
+    def ahead(self, position: str) -> bool:
+        """Whether ``position`` is of this epoch and after the newest one read here."""
+        parsed = self._parse(position)
+        last = None if self.last is None else self._parse(self.last)
+        return (
+            parsed is not None and last is not None and parsed[0] == last[0] and parsed[1] > last[1]
+        )
+
     def recover(
-        self, since: str, matches: Callable[[list[Query]], bool], max_replay: int = 1_000
+        self,
+        since: str,
+        middleware_version: str,
+        matches: Callable[[list[Query]], bool],
+        max_replay: int = 1_000,
     ) -> Recovery:
-        """The messages after ``since`` that ``matches`` accepts, all of them or a reason why not.
+        """The messages of ``middleware_version`` after ``since`` that ``matches`` accepts, all
+        of them or a reason why not.
 
         One audience check per message in the window at most; nothing is replayed in part.
         """
@@ -148,16 +147,20 @@ class History:
                 return Recovery(False, TOO_OLD, self.last)
             else:  # never given out here, or from the future
                 return Recovery(False, UNKNOWN_POSITION, self.last)
-        replay: list[tuple[str, MessageEvent]] = []
+        replay: list[Kept] = []
         for item in self._after(number):
             message = item.message
-            if message is not None and matches(message.message.audience):
+            if (
+                message is not None
+                and message.middleware_version == middleware_version
+                and matches(message.message.audience)
+            ):
                 if len(replay) == max_replay:
                     return Recovery(False, TOO_MANY, self.last)
-                replay.append((item.position, message))
+                replay.append(item)
         return Recovery(True, None, self.last, replay)
 
-    def _after(self, number: int) -> Iterator[_Item]:
+    def _after(self, number: int) -> Iterator[Kept]:
         return itertools.islice(self._items, number + 1 - self._first, None)
 
     def _forget_old(self) -> None:
@@ -168,5 +171,6 @@ class History:
     def _forget_one(self) -> None:
         item = self._items.popleft()
         del self._numbers[item.position]
+        self._messages -= item.message is not None
         self._first += 1
         self._floor = item.key

@@ -231,6 +231,7 @@ class CriteriaEvent:
     middleware_version: str
     listener_id: ListenerId
     criteria: Criteria
+    basis: str | None = None  # the last position seen when they were read: older control loses
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +274,10 @@ def encode_event(event: Event) -> bytes:
             document["p"] = message.payload
         return dumps(document)
     if isinstance(event, CriteriaEvent):
-        return dumps({"c": event.middleware_version, "i": event.listener_id, "k": event.criteria})
+        document = {"c": event.middleware_version, "i": event.listener_id, "k": event.criteria}
+        if event.basis is not None:
+            document["b"] = event.basis
+        return dumps(document)
     if isinstance(event, SetCriteriaEvent):
         return dumps({"s": [[listener_id, criteria] for listener_id, criteria in event.changes]})
     if isinstance(event, KickEvent):
@@ -288,7 +292,7 @@ def decode_event(data: bytes) -> Event:
         message = Message(document["n"], document["a"], document.get("p"), "p" in document)
         return MessageEvent(document["m"], message, document.get("t", 0.0))
     if "c" in document:
-        return CriteriaEvent(document["c"], document["i"], document["k"])
+        return CriteriaEvent(document["c"], document["i"], document["k"], document.get("b"))
     if "s" in document:
         return SetCriteriaEvent([(entry[0], entry[1]) for entry in document["s"]])
     if "x" in document:

@@ -4,29 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any, Final
 
 from aiohttp import web
 
-from .backplanes import Backplane, Gap, backplane_from_config
+from .backplanes import Backplane, backplane_from_config
 from .config import Config, load_config
-from .control import Control, check_inbound_paths, count_answer
+from .consumer import Consumer
+from .control import Control, check_inbound_paths
 from .criteria import ID_KEY, ListenerId, validate_criteria
 from .gc_freeze import freeze_after_connects, release_closed_transports
 from .history import History
 from .http_server import app_runner, handshake_limits
 from .inbound import basic_auth, health_handler, message_handler
-from .index import CriteriaIndex, entries_of
+from .index import CriteriaIndex
 from .message import (
-    CountEvent,
-    CriteriaEvent,
     Event,
-    MessageEvent,
-    SetCriteriaEvent,
-    decode_event,
     encode_event,
 )
 from .metrics import Metrics
@@ -201,10 +196,6 @@ class Bow:
             max_count=config.recovery_max_count,
             max_age=config.recovery_max_age,
         )
-        for entry in await backplane.backlog(config.recovery_max_count):
-            self._remember(entry.position, decode_event(entry.data))
-        if history.last is None and (origin := backplane.origin()) is not None:
-            history.restart(origin)  # a client can keep this position before any message
         self._outbound = outbound = SocketOutbound(
             outbounds=self._outbounds,
             middlewares=self._middlewares,
@@ -230,8 +221,18 @@ class Bow:
             cors_origins=config.cors_origins,
             metrics=self.metrics,
         )
+        consumer = Consumer(
+            backplane,
+            outbound,
+            history,
+            self.metrics,
+            middleware_versions=self._middlewares,
+            count_max_ids=config.count_max_ids,
+        )
+        backlog = await backplane.backlog(config.recovery_max_count)
+        consumer.preload(backlog, complete=len(backlog) < config.recovery_max_count)
         supervise = self._supervisor.start
-        self._consumer = supervise(CONSUMER, lambda: self._consume(backplane, outbound))
+        self._consumer = supervise(CONSUMER, consumer.run)
         for version, function in self._middlewares.items():
             if isinstance(function, WatchesCriteria):
                 job = partial(self._follow, version, function.watch, outbound)
@@ -392,44 +393,6 @@ class Bow:
             *(spec.create_message_from_request_body for spec in self._inbounds.values()),
             *(spec.create_listener_details_from_token for spec in self._outbounds.values()),
         ]
-
-    async def _consume(self, backplane: Backplane, outbound: SocketOutbound) -> None:
-        metrics = self.metrics
-        history = self._history
-        async for entry in backplane.events():
-            if isinstance(entry, Gap):
-                history.restart(entry.position)
-                outbound.delivery.gap(entry.position, entry.reason)
-                continue
-            try:
-                event = decode_event(entry.data)
-                accepted_at = event.accepted_at if isinstance(event, MessageEvent) else 0.0
-                if accepted_at:
-                    metrics.backplane_lag_seconds.set(max(0.0, time.time() - accepted_at))
-                self._remember(entry.position, event)  # first: a recovery meanwhile ends here
-                if isinstance(event, CountEvent):
-                    sockets, ids = outbound.delivery.count(event.audience)
-                    answer = count_answer((sockets, ids), self.config.count_max_ids)
-                    outbound.spawn(backplane.answer(event.request_id, answer))
-                    continue
-                await outbound.delivery.deliver(entry.position, event)
-                if accepted_at:
-                    metrics.latency_seconds.observe(max(0.0, time.time() - accepted_at))
-            except Exception:  # one bad event must not stop delivery of the next ones
-                logger.exception("could not deliver an event")
-
-    def _remember(self, position: str, event: Event) -> None:
-        """Keep an event in the recovery window, and the criteria changes it carries."""
-        history = self._history
-        accepted_at = event.accepted_at if isinstance(event, MessageEvent) else None
-        history.append(position, event, accepted_at)
-        if isinstance(event, CriteriaEvent):
-            entries = entries_of(event.criteria)
-            history.note_criteria(position, event.middleware_version, event.listener_id, entries)
-        elif isinstance(event, SetCriteriaEvent):
-            for listener_id, criteria in event.changes:
-                for version in self._middlewares:
-                    history.note_criteria(position, version, listener_id, entries_of(criteria))
 
     async def _probe_loop_lag(self, interval: float = 0.25, warn_above: float = 1.0) -> None:
         """Measure how late the loop runs a timer; a stall over ``warn_above`` s is logged."""

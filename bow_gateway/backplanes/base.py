@@ -70,8 +70,8 @@ class Backplane(abc.ABC):
 
     @abc.abstractmethod
     def origin(self) -> str | None:
-        """The position :meth:`events` continues after: the newest entry when :meth:`connect`
-        returned, or the start of its epoch (None while Redis has no epoch yet)."""
+        """The position before the first entry of the epoch :meth:`connect` found (None while
+        Redis has no epoch yet): a client may hold it before any message."""
 
     @abc.abstractmethod
     def parse_position(self, position: str) -> tuple[str, tuple[int, ...]] | None:

@@ -240,8 +240,8 @@ class RedisBackplane(Backplane):
         ]
 
     def origin(self) -> str | None:
-        end = self._connected_at
-        return f"{end.epoch}.{format_id(end.last)}" if end.epoch else None
+        epoch = self._connected_at.epoch
+        return f"{epoch}.{format_id(self._epoch_after)}" if epoch else None
 
     def parse_position(self, position: str) -> tuple[str, tuple[int, ...]] | None:
         match = POSITION.fullmatch(position)

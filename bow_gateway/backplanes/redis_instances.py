@@ -36,8 +36,10 @@ class Instances:
         instance_id: str,
         interval: float = 1.0,
         live_for: float = 3.0,
+        max_claiming: int = 16,
     ) -> None:
         self._client = client
+        self._claiming = asyncio.Semaphore(max_claiming)
         self._scripts = scripts
         self._prefix = f"{{{namespace}}}"
         self.key = f"{self._prefix}:instances"
@@ -121,15 +123,17 @@ class Instances:
         """Add ``member`` to ``key``'s claims unless ``limit`` live ones hold it (0: no limit)."""
         keys = [f"{self._prefix}:sockets:{key}", self.key]
         try:
-            added = await self._scripts.run(
-                "claim", keys, [f"{self.id}:{member}", limit, self._live_for]
-            )
+            async with self._claiming:  # a burst of reconnections must not empty the pool
+                added = await self._scripts.run(
+                    "claim", keys, [f"{self.id}:{member}", limit, self._live_for]
+                )
         except FAILURES as exc:
             raise BackplaneUnavailable(f"Redis did not take the claim: {exc}") from exc
         return bool(added)
 
     async def release(self, key: str, member: str) -> None:
         try:
-            await self._client.zrem(f"{self._prefix}:sockets:{key}", f"{self.id}:{member}")
+            async with self._claiming:
+                await self._client.zrem(f"{self._prefix}:sockets:{key}", f"{self.id}:{member}")
         except FAILURES as exc:
             raise BackplaneUnavailable(f"Redis did not take the release: {exc}") from exc

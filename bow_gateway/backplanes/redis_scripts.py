@@ -103,6 +103,7 @@ if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
 local limit = tonumber(ARGV[2])
 if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit then return 0 end
 redis.call('ZADD', KEYS[1], t[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], 86400)  -- the claims of ids that never come back go in a day
 return 1
 """
 

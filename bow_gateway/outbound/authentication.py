@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from .. import codes
 from ..criteria import ID_KEY, Criteria, ListenerId, validate_criteria, validate_listener_details
+from ..history import History
 from ..message import CriteriaEvent
 from ..plugins import OutboundPlugin, WatchesCriteria
 from ..userfn import call_user_function, describe
@@ -69,10 +71,15 @@ class Authenticator:
     async def _authenticate(self, connection: Connection, args: list[Any], ack_id: Any) -> None:
         outbound = self._outbound
         version = connection.outbound.version
+        history = outbound.history
+        basis = history.last  # control changes after it were not seen by the user's functions
         try:
             token, options = _arguments(connection, args, ack_id)
+            if connection.authenticated:
+                options = {}  # since belongs to the first authenticate: the rest was delivered
             refreshes = self._refreshes.get(connection.outbound.middleware_version, 0)
             details, criteria = await self._criteria_for(connection, token)
+            await _caught_up(history, options.get("since"))
         except Refusal as refusal:
             outbound.metrics.authentications.labels(version, "refused").inc()
             outbound.close(connection, refusal.code, str(refusal), kind="refused")
@@ -89,6 +96,16 @@ class Authenticator:
         if listener_id is not None and connection.listener_id is None:
             if not await self._take_place(connection, listener_id):
                 return
+        if listener_id is not None:
+            control = history.changes.control_after(basis, listener_id)
+            if control is not None and control[0] == "kick":
+                kick = control[1]
+                outbound.close(
+                    connection, codes.KICKED, kick.reason or "kicked", reconnect=kick.reconnect
+                )
+                return
+            if control is not None:  # POST /_bow/criteria while the functions ran: it wins
+                criteria = {**control[1], ID_KEY: listener_id}
         self._index(connection, listener_id, details, criteria)
         result = ack_result(self._outbound, connection, listener_id, criteria, options)
         replay = None if result is None else result.pop("_replay", None)
@@ -96,9 +113,22 @@ class Authenticator:
         outbound.metrics.authentications.labels(version, "accepted").inc()
         logger.info("socket %s authenticated as listener %r", connection.sid, listener_id)
         if replay:
-            await outbound.writer.replay(connection, replay)
-        if listener_id is None:
-            return
+            outbound.writer.begin_replay(connection, replay)  # now: what follows waits behind it
+        if listener_id is not None:
+            await self._share(connection, listener_id, criteria, refreshes, basis)
+        if replay:
+            await outbound.writer.replay(connection)
+
+    async def _share(
+        self,
+        connection: Connection,
+        listener_id: ListenerId,
+        criteria: Criteria,
+        refreshes: int,
+        basis: str | None,
+    ) -> None:
+        """Give every instance the listener's new criteria (all its sockets take them)."""
+        outbound = self._outbound
         middleware_version = connection.outbound.middleware_version
         if self._refreshes.get(middleware_version, 0) != refreshes:
             # The middleware announced a change while these criteria were read (and skipped
@@ -106,7 +136,7 @@ class Authenticator:
             await self.refresh(middleware_version, [listener_id])
             criteria = outbound.indices[middleware_version].criteria_of(listener_id) or criteria
         try:
-            await outbound.publish(CriteriaEvent(middleware_version, listener_id, criteria))
+            await outbound.publish(CriteriaEvent(middleware_version, listener_id, criteria, basis))
         except Exception as error:  # noqa: BLE001 - the socket is served here all the same
             logger.warning("could not share the criteria of listener %r: %s", listener_id, error)
 
@@ -271,6 +301,16 @@ def _arguments(
     if token is None or token == "":
         raise Refusal("authenticate needs a token", codes.BAD_REQUEST)
     return token, options
+
+
+async def _caught_up(history: History, since: Any, wait: float = 1.0) -> None:
+    """Let the consumer reach ``since`` (a backend may hand out a 204's position before this
+    instance has read it), for at most ``wait`` seconds; recovery then judges it."""
+    if not isinstance(since, str) or history.last is None:
+        return
+    deadline = time.monotonic() + wait
+    while history.ahead(since) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
 
 
 def _key(listener_id: ListenerId) -> str:

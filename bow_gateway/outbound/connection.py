@@ -52,6 +52,7 @@ class Connection:
         "outbound",
         "positioned_at",
         "proto",
+        "replaying",
         "sid",
         "socket",
         "timer",
@@ -89,6 +90,7 @@ class Connection:
         # While a replay is written: what waits behind it, encoded; None otherwise.
         self.backlog: deque[bytes] | None = None
         self.backlog_bytes = 0
+        self.replaying = 0  # how many of the first packets of the backlog are the replay's
 
     @property
     def authenticated(self) -> bool:

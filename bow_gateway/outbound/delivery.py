@@ -34,8 +34,12 @@ class Delivery:
             await self._deliver_message(position, event)
         elif isinstance(event, CriteriaEvent):
             index = self._outbound.indices.get(event.middleware_version)
-            if index is not None:
-                index.update(event.listener_id, event.criteria)
+            changes = self._outbound.history.changes
+            basis = event.basis
+            if index is not None and (
+                basis is None or not changes.control_after(basis, event.listener_id)
+            ):
+                index.update(event.listener_id, event.criteria)  # else a control change wins
         elif isinstance(event, SetCriteriaEvent):
             for listener_id, criteria in event.changes:
                 for index in self._outbound.indices.values():
@@ -134,7 +138,7 @@ class Delivery:
         interval = self._outbound.settings.position_interval
         while True:
             await asyncio.sleep(interval / 4)
-            position = self._outbound.history.last
+            position = self._outbound.history.delivered
             if position is None:
                 continue
             packet = codec.gateway_event(codec.POSITION_EVENT, {"position": position})

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from .. import codes
 from . import codec
 from .connection import Connection
 from .parts import Sockets
+
+MAX_EXP: Final = 253_402_300_800  # 10000-01-01: a later exp is not a time
 
 
 class Refusal(Exception):
@@ -35,6 +37,8 @@ class Expiry:
         exp = details["exp"]
         if isinstance(exp, bool) or not isinstance(exp, int | float):
             raise Refusal(f"exp must be seconds since the Unix epoch, not {type(exp).__name__}")
+        if not 0 < exp < MAX_EXP:  # NaN too
+            raise Refusal(f"exp must be seconds since the Unix epoch, not {exp!r}")
         if exp <= time.time():
             raise Refusal("the token has expired", codes.TOKEN_EXPIRED)
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..criteria import Criteria, ListenerId
-from ..history import DISABLED, Recovery
+from ..history import DISABLED, Kept, Recovery
 from ..index import entries_of, matches
 from . import codec
 from .connection import Connection
@@ -41,6 +41,7 @@ def ack_result(
     if outbound.settings.recovery_enabled:
         recovery = history.recover(
             since,
+            connection.outbound.middleware_version,
             lambda audience: matches(entries, listener_id, audience),
             outbound.settings.max_replay,
         )
@@ -49,21 +50,25 @@ def ack_result(
     outbound.metrics.recoveries.labels(
         "recovered" if recovery.recovered else "not_recovered", recovery.reason or "none"
     ).inc()
-    before = (
-        None
-        if listener_id is None
-        else history.criteria_at(since, connection.outbound.middleware_version, listener_id)
+    version = connection.outbound.middleware_version
+    changed = listener_id is not None and history.changes.changed_since(
+        since, version, listener_id, entries
     )
     result.update(
         position=recovery.position,
         recovered=recovery.recovered,
         reason=recovery.reason,
-        criteria_changed=before is not None and before != entries,
+        criteria_changed=changed,
     )
     if recovery.replay:
         outbound.metrics.replayed.inc(len(recovery.replay))
-        result["_replay"] = [
-            codec.positioned_event(event.message, position, replayed=True)
-            for position, event in recovery.replay
-        ]
+        result["_replay"] = [_packet(kept) for kept in recovery.replay]
     return result
+
+
+def _packet(kept: Kept) -> bytes:
+    """A kept message as replayed: the same bytes for every socket, encoded once."""
+    if kept.packet is None:
+        assert kept.message is not None
+        kept.packet = codec.positioned_event(kept.message.message, kept.position, replayed=True)
+    return kept.packet

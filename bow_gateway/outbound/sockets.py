@@ -35,6 +35,7 @@ from .writer import Writer
 
 DEFAULT_SETTINGS: Final = Settings()
 CLOSE_AFTER: Final = 0.05  # seconds between a fatal alert and the disconnect that follows it
+DROP_AFTER: Final = 0.9  # seconds a closed socket's client has to take what waits for it
 
 
 def normalise_version(version: str) -> str:
@@ -109,7 +110,7 @@ class SocketOutbound:
     # -- connection lifecycle ---------------------------------------------------------------
 
     async def _connect(self, sid: str, environ: Mapping[str, Any], auth: Any = None) -> None:
-        query = parse_qs(environ.get("QUERY_STRING", ""))
+        query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
         versions = query.get("v")
         if not versions or not versions[0]:
             raise _refused(
@@ -244,9 +245,16 @@ class SocketOutbound:
         self.spawn(self.disconnect_soon(connection))
 
     async def disconnect_soon(self, connection: Connection) -> None:
+        """Disconnect a socket just alerted; one whose client does not take what it was sent
+        within :data:`DROP_AFTER` is cut off, its queue dropped (nothing else waits for it)."""
         await asyncio.sleep(CLOSE_AFTER)  # a long-polling client fetches the alert meanwhile
         await self.sio.disconnect(connection.sid)
-        await self.close_transport(connection.eio_sid)
+        try:
+            async with asyncio.timeout(DROP_AFTER):
+                await self.close_transport(connection.eio_sid)
+        except TimeoutError:
+            if connection.transport is not None:
+                connection.transport.abort()
 
     async def refuse_eio(self, eio_sid: str, reason: str) -> None:
         sid = self.sio.manager.sid_from_eio_sid(eio_sid, "/")
@@ -288,6 +296,7 @@ class SocketOutbound:
         """
         for task in list(self._tasks):
             task.cancel()
+        alerted = bool(self.positioned)
         for connection in list(self.connections.values()):
             if connection.closing is None:
                 connection.closing = "shutdown"
@@ -300,7 +309,7 @@ class SocketOutbound:
         for deadline in self.deadlines.values():
             deadline.cancel()
         self.deadlines.clear()
-        if self.positioned:
+        if alerted:
             await asyncio.sleep(CLOSE_AFTER)  # long-polling clients fetch their alert meanwhile
         for eio_sid in list(self.sio.eio.sockets):
             await self.close_transport(eio_sid, abort=True)

@@ -99,32 +99,51 @@ class Writer:
             return transport.get_write_buffer_size()
         return socket.queued_bytes
 
-    async def replay(self, connection: Connection, packets: list[bytes]) -> None:
-        """Write ``packets`` as fast as the client reads them; what is delivered meanwhile waits
-        behind them (:attr:`Connection.backlog`), bounded by ``max_buffered_bytes``.
-
-        Only those count in :attr:`Connection.backlog_bytes`: the replay itself is bounded by
-        ``recovery.max_replay``, and counting it closed as slow (4008) a client reading a replay
-        over ``max_buffered_bytes`` as fast as it could, as soon as one message was delivered
-        meanwhile."""
-        connection.backlog = backlog = deque(packets)
+    def begin_replay(self, connection: Connection, packets: list[bytes]) -> None:
+        """From now on what is written to ``connection`` waits behind ``packets``."""
+        connection.backlog = deque(packets)
         connection.backlog_bytes = 0
-        replaying = len(packets)  # how many of the first packets in ``backlog`` are the replay's
+        connection.replaying = len(packets)
+
+    async def replay(self, connection: Connection) -> None:
+        """Write what :meth:`begin_replay` queued as fast as the client reads it, then what was
+        delivered meanwhile, behind it (:attr:`Connection.backlog`).
+
+        Only the latter counts in :attr:`Connection.backlog_bytes` (bounded by
+        ``max_buffered_bytes``): the replay itself is bounded by ``recovery.max_replay``, and
+        counting it closed as slow (4008) a client reading a replay over ``max_buffered_bytes``
+        as fast as it could, as soon as one message was delivered meanwhile."""
+        backlog = connection.backlog
         try:
             while backlog and connection.closing is None:
-                while backlog and self.buffered(connection) < REPLAY_LOW_WATER:
+                room = REPLAY_LOW_WATER - self.buffered(connection)
+                transport = connection.transport
+                while backlog and room > 0:
                     encoded = backlog.popleft()
-                    if replaying:
-                        replaying -= 1
+                    if connection.replaying:
+                        connection.replaying -= 1
                     else:
                         connection.backlog_bytes -= len(encoded)
+                    if transport is not None:  # a websocket: many frames, one write
+                        frames = [websocket_frame(b"4" + encoded)]
+                        room -= len(frames[0])
+                        while backlog and room > 0 and connection.replaying:
+                            connection.replaying -= 1
+                            frames.append(websocket_frame(b"4" + backlog.popleft()))
+                            room -= len(frames[-1])
+                        if transport.is_closing():
+                            return
+                        transport.write(b"".join(frames))
+                        continue
                     connection.backlog = None
                     written = self.write(connection, encoded)
                     connection.backlog = backlog
                     if not written:
                         return
+                    room = REPLAY_LOW_WATER - self.buffered(connection)
+                    transport = connection.transport
                 if backlog:
                     await asyncio.sleep(0.005)
         finally:
             connection.backlog = None
-            connection.backlog_bytes = 0
+            connection.backlog_bytes = connection.replaying = 0
