@@ -9,6 +9,7 @@ from .plugins import (
     CreateCriteriaFromListenerDetails,
     CreateListenerDetailsFromToken,
     CreateMessageFromRequestBody,
+    Enrich,
     HealthCheck,
     WatchesCriteria,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "CreateCriteriaFromListenerDetails",
     "CreateListenerDetailsFromToken",
     "CreateMessageFromRequestBody",
+    "Enrich",
     "HealthCheck",
     "WatchesCriteria",
 ]

@@ -88,6 +88,7 @@ class _InboundSchema(Schema):
     )
     max_queries = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
     max_predicates = fields.Integer(load_default=32, validate=validate.Range(min=1))
+    max_batch = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
 
 
 class _OutboundSchema(Schema):
@@ -245,6 +246,8 @@ class Config:
     position_interval: float = 30.0
     api_prefix: str = "/_bow"
     api_max_batch: int = 1_000
+    inbound_max_batch: int = 1_000
+    """Messages one inbound request may return (a batch); more is ``413``."""
     count_max_ids: int = 10_000
     count_timeout: float = 0.5
     max_counts_per_second: float = 20.0
@@ -313,6 +316,7 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         position_interval=data["recovery"]["position_interval"],
         api_prefix=data["api"]["prefix"],
         api_max_batch=data["api"]["max_batch"],
+        inbound_max_batch=data["inbound"]["max_batch"],
         count_max_ids=data["api"]["count_max_ids"],
         count_timeout=data["api"]["count_timeout"],
         max_counts_per_second=data["api"]["max_counts_per_second"],

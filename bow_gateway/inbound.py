@@ -1,10 +1,15 @@
 """The HTTP inbound: Basic Auth first, then ``POST {path}`` turns a JSON body into a message.
 
 Statuses, as the contract says: 401 without valid credentials (whatever the path, so that no one
-learns which paths exist), then 404, 405, 413 (the body, or the event over
-``outbound.max_event_bytes``), 422, 503 (with ``Retry-After``), and 204 with ``Bow-Position`` once
-the message is on the backplane; 408 for a body that does not arrive in time, 400 for one that does
-not decode.
+learns which paths exist), then 404, 405, 413 (the body, a batch over ``inbound.max_batch``, or an
+event over ``outbound.max_event_bytes``), 422, 503 (with ``Retry-After``), and 204 with
+``Bow-Position`` once the messages are on the backplane; 408 for a body that does not arrive in
+time, 400 for one that does not decode.
+
+The inbound's function returns one message, or a list of them (a batch, contract section 15):
+every one is checked, then every one enriched (:mod:`.enrichers`), then all are published in one
+trip to the backplane, in order, or none is. The ``204``'s ``Bow-Position`` is the last one's; an
+empty list is answered ``204`` without it (nothing was positioned).
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from aiohttp import BasicAuth, hdrs, web
 from aiohttp.typedefs import Middleware
 
 from .backplanes import BackplaneUnavailable
+from .enrichers import EnricherRefused, EnricherTimeout
 from .http_server import request_timeout
-from .message import Event, MessageEvent, event_bytes, parse_json, validate_message
+from .message import Message, MessageEvent, event_bytes, parse_json, validate_message
 from .metrics import Metrics
 from .plugins import HealthCheck, InboundPlugin
 from .userfn import call_user_function, describe
@@ -29,6 +35,9 @@ from .userfn import call_user_function, describe
 logger = logging.getLogger("bow_gateway.inbound")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PublishMany = Callable[[list[MessageEvent]], Awaitable[list[str]]]
+"""Events to the backplane in one trip, in order; their positions."""
+Enrich = Callable[[list[Message]], Awaitable[list[Message]]]
 
 
 def basic_auth(
@@ -71,23 +80,27 @@ def basic_auth(
 
 def message_handler(
     inbound: InboundPlugin,
-    publish: Callable[[Event], Awaitable[str]],
+    publish: PublishMany,
     metrics: Metrics,
     *,
+    enrich: Enrich | None = None,
     timeout: float = 5.0,
     max_queries: int = 1_000,
     max_predicates: int = 32,
     max_event_bytes: int = 262_144,
+    max_batch: int = 1_000,
 ) -> Handler:
-    """The aiohttp handler of one inbound path; ``timeout`` bounds both the body's arrival and
-    the message function. ``publish`` returns the event's position (the ``Bow-Position``)."""
+    """The aiohttp handler of one inbound path; ``timeout`` bounds the body's arrival, the
+    message function, then the enrichers. ``publish`` returns the events' positions (the last
+    is the ``Bow-Position``); ``enrich`` passes the messages through the enrichers."""
     create_message = inbound.create_message_from_request_body
     middleware_version = inbound.middleware_version
     accepted = metrics.messages_accepted.labels(inbound.path)
+    limits = {"max_queries": max_queries, "max_predicates": max_predicates}
 
     async def counted(request: web.Request) -> web.StreamResponse:
         try:
-            response = await handle(request)
+            response, count = await handle(request)
         except web.HTTPException as error:
             metrics.messages_refused.labels(inbound.path, str(error.status)).inc()
             level = logging.WARNING if error.status >= 500 else logging.INFO
@@ -97,10 +110,10 @@ def message_handler(
                 level, "refused %s %s: %s%s", request.method, request.path, error.text, cause
             )
             raise
-        accepted.inc()
+        accepted.inc(count)
         return response
 
-    async def handle(request: web.Request) -> web.StreamResponse:
+    async def handle(request: web.Request) -> tuple[web.StreamResponse, int]:
         document = await read_json(request, timeout)
         try:
             raw = await call_user_function(create_message, document, timeout)
@@ -109,28 +122,64 @@ def message_handler(
             raise unavailable(1) from late
         except Exception as error:  # noqa: BLE001 - the user's function refused the body
             raise unprocessable(f"the body was refused: {error}") from None
-        try:
-            message = validate_message(raw, max_queries=max_queries, max_predicates=max_predicates)
-        except ValueError as error:
-            raise unprocessable(f"invalid message: {error}") from None
-        try:
-            size = event_bytes(message)
-        except ValueError as error:  # the user's message_fn made a payload JSON cannot hold
-            raise unprocessable(f"invalid message: the payload is {error}") from None
-        if size > max_event_bytes:
+        batch = isinstance(raw, list)
+        if batch and len(raw) > max_batch:
             raise web.HTTPRequestEntityTooLarge(
-                max_event_bytes,
-                size,
-                text=f"413: the event (the compact JSON of [name, payload]) is {size} bytes, over "
-                f"outbound.max_event_bytes ({max_event_bytes})",
+                max_batch,
+                len(raw),
+                text=f"413: the inbound's function returned {len(raw)} messages, over "
+                f"inbound.max_batch ({max_batch})",
             )
         try:
-            position = await publish(MessageEvent(middleware_version, message, time.time()))
+            messages = [
+                validate_message(value, prefix=str(index) if batch else "", **limits)
+                for index, value in enumerate(raw if batch else [raw])
+            ]
+        except ValueError as error:  # the first faulty message's
+            raise unprocessable(f"invalid message: {error}") from None
+        if enrich is not None:
+            messages = await enriched(enrich, messages, batch)
+        for index, message in enumerate(messages):
+            check_size(message, f"{index}: " if batch else "", max_event_bytes)
+        if not messages:
+            return web.Response(status=204), 0
+        now = time.time()
+        try:
+            positions = await publish(
+                [MessageEvent(middleware_version, message, now) for message in messages]
+            )
         except BackplaneUnavailable as error:
             raise unavailable(error.retry_after) from error
-        return web.Response(status=204, headers={POSITION_HEADER: position})
+        return web.Response(status=204, headers={POSITION_HEADER: positions[-1]}), len(messages)
 
     return counted
+
+
+async def enriched(enrich: Enrich, messages: list[Message], batch: bool) -> list[Message]:
+    """The messages through the enrichers: ``422`` naming the enricher that refused one (and,
+    in a batch, its index), ``503`` for one that did not answer in time."""
+    try:
+        return await enrich(messages)
+    except EnricherRefused as error:
+        where = f"{error.index}: " if batch else ""
+        raise unprocessable(f"{where}{error}") from None
+    except EnricherTimeout as error:
+        raise unavailable(1) from error
+
+
+def check_size(message: Message, where: str, max_event_bytes: int) -> None:
+    """``413`` for an event over ``max_event_bytes``, ``422`` for a payload JSON cannot hold."""
+    try:
+        size = event_bytes(message)
+    except ValueError as error:  # the user's function made a payload JSON cannot hold
+        raise unprocessable(f"invalid message: {where}the payload is {error}") from None
+    if size > max_event_bytes:
+        raise web.HTTPRequestEntityTooLarge(
+            max_event_bytes,
+            size,
+            text=f"413: {where}the event (the compact JSON of [name, payload]) is {size} bytes, "
+            f"over outbound.max_event_bytes ({max_event_bytes})",
+        )
 
 
 NO_BODY: Final = "the request has no body: send a JSON message"

@@ -87,23 +87,27 @@ class Message:
     has_payload: bool = field(default=False)
 
 
-def validate_message(value: Any, *, max_queries: int = 1_000, max_predicates: int = 32) -> Message:
-    """Check what ``create_message_from_request_body`` returned; ``ValueError`` names the field.
+def validate_message(
+    value: Any, *, max_queries: int = 1_000, max_predicates: int = 32, prefix: str = ""
+) -> Message:
+    """Check what ``create_message_from_request_body`` returned; ``ValueError`` names the field,
+    after ``prefix`` (a batch's index: ``"3"`` makes ``3.audience.0: ...``).
 
     The audience's size is checked first, so that a huge one costs no more than a count; its
     repeated queries are dropped (each would cost a resolution per delivery, for nothing).
     """
     if not isinstance(value, Mapping):
-        raise ValueError(f"a message must be a mapping, not {type(value).__name__}")
-    _check_size(value.get("audience"), max_queries, max_predicates)
-    message = _plainly_valid(value) or _loaded(value)
+        where = f"{prefix}: " if prefix else ""
+        raise ValueError(f"{where}a message must be a mapping, not {type(value).__name__}")
+    _check_size(value.get("audience"), max_queries, max_predicates, prefix)
+    message = _plainly_valid(value) or _loaded(value, prefix)
     audience = _distinct(message.audience)
     if len(audience) == len(message.audience):
         return message
     return Message(message.name, audience, message.payload, message.has_payload)
 
 
-def _loaded(value: Mapping[str, Any], sample: int = 10) -> Message:
+def _loaded(value: Mapping[str, Any], prefix: str, sample: int = 10) -> Message:
     """The schema's verdict, found on the first ``sample`` faulty queries only (marshmallow takes
     ~0.2 s over a thousand queries of 32 predicates); the whole audience if they pass."""
     audience: Any = value.get("audience")
@@ -123,11 +127,12 @@ def _loaded(value: Mapping[str, Any], sample: int = 10) -> Message:
                     faulty[k] if isinstance(k, int) else k: v for k, v in found.items()
                 }
             extra = f" (in the first {sample} of {len(faulty)} faulty queries)"
-            raise ValueError(error_text(messages) + extra * (len(faulty) > sample)) from None
+            text = error_text(messages, prefix)
+            raise ValueError(text + extra * (len(faulty) > sample)) from None
     try:
         loaded = _schema.load(value)
     except ValidationError as error:
-        raise ValueError(error_text(error.messages)) from None
+        raise ValueError(error_text(error.messages, prefix)) from None
     return Message(
         name=loaded["name"],
         audience=loaded["audience"],
@@ -136,15 +141,16 @@ def _loaded(value: Mapping[str, Any], sample: int = 10) -> Message:
     )
 
 
-def _check_size(audience: Any, max_queries: int, max_predicates: int) -> None:
+def _check_size(audience: Any, max_queries: int, max_predicates: int, prefix: str) -> None:
     if type(audience) is not list:
         return  # the schema says what is wrong with it
+    where = f"{prefix}.audience" if prefix else "audience"
     if len(audience) > max_queries:
-        raise ValueError(f"audience: at most {max_queries} queries, not {len(audience)}")
+        raise ValueError(f"{where}: at most {max_queries} queries, not {len(audience)}")
     for position, query in enumerate(audience):
         if isinstance(query, Mapping) and len(query) > max_predicates:
             raise ValueError(
-                f"audience.{position}: at most {max_predicates} predicates, not {len(query)}"
+                f"{where}.{position}: at most {max_predicates} predicates, not {len(query)}"
             )
 
 

@@ -1,7 +1,7 @@
 """The plugin tables of a standalone config file (``[[middlewares]]``, ``[[inbounds]]``,
-``[[outbounds]]``, ``health_check``): checked, their ``module:attr`` references resolved (with
-``options``, ``attr(**options)``), plugin modules found beside the file too; used by
-:mod:`bow_gateway.standalone`."""
+``[[outbounds]]``, ``[[enrichers]]``, ``health_check``): checked, their ``module:attr``
+references resolved (with ``options``, ``attr(**options)``), plugin modules found beside the file
+too; used by :mod:`bow_gateway.standalone`."""
 
 from __future__ import annotations
 
@@ -10,13 +10,21 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
-from .plugins import HealthCheck, InboundPlugin, MiddlewarePlugin, OutboundPlugin, resolve
+from .plugins import (
+    EnricherPlugin,
+    HealthCheck,
+    InboundPlugin,
+    MiddlewarePlugin,
+    OutboundPlugin,
+    resolve,
+)
 
-PLUGIN_KEYS: Final = ("middlewares", "inbounds", "outbounds", "health_check")
+PLUGIN_KEYS: Final = ("middlewares", "inbounds", "outbounds", "enrichers", "health_check")
 FUNCTION_KEYS: Final = {
     "middlewares": "create_criteria_from_listener_details",
     "inbounds": "create_message_from_request_body",
     "outbounds": "create_listener_details_from_token",
+    "enrichers": "enrich",
 }
 
 
@@ -26,10 +34,12 @@ def read_plugins(
     tuple[MiddlewarePlugin, ...],
     tuple[InboundPlugin, ...],
     tuple[OutboundPlugin, ...],
+    tuple[EnricherPlugin, ...],
     HealthCheck | None,
 ]:
-    """The plugins of a config file's ``[[middlewares]]``, ``[[inbounds]]`` and ``[[outbounds]]``
-    tables and its ``health_check``, resolved; a bad table is a ``ValueError`` naming it."""
+    """The plugins of a config file's ``[[middlewares]]``, ``[[inbounds]]``, ``[[outbounds]]``
+    and ``[[enrichers]]`` tables and its ``health_check``, resolved; a bad table is a
+    ``ValueError`` naming it."""
     key = FUNCTION_KEYS["middlewares"]
     middlewares = tuple(
         MiddlewarePlugin(
@@ -68,10 +78,21 @@ def read_plugins(
             frozenset({"anonymous_criteria"}),
         )
     )
+    key = FUNCTION_KEYS["enrichers"]
+    enrichers = tuple(
+        EnricherPlugin(
+            filter=_string(table, "filter", name),
+            enrich=_resolve(table, name, key),
+            init=_resolve(table, name, "init", options=False) if "init" in table else None,
+            reference=table[key],
+            table=name,
+        )
+        for name, table in _tables(document, "enrichers", {"filter"}, frozenset({"init"}))
+    )
     health_check = None
     if document.get("health_check") is not None:
         health_check = _resolve(document, "health_check", "health_check", options=False)
-    return middlewares, inbounds, outbounds, health_check
+    return middlewares, inbounds, outbounds, enrichers, health_check
 
 
 def _tables(

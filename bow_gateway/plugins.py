@@ -10,7 +10,7 @@ coroutine function); raising is a refusal. A middleware may also *watch* its cri
 from __future__ import annotations
 
 import importlib
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
@@ -48,11 +48,24 @@ class HealthCheck(Protocol):
     def __call__(self, request: web.Request, /) -> Any | Awaitable[Any]: ...
 
 
+class Enrich(Protocol):
+    """An enricher: a message, as the mapping ``{"name", "payload", "audience"}`` (``payload``
+    only when it has one), to the message to accept instead (the same mapping changed, or a new
+    one; it is checked again); raising refuses the message (``422`` at the inbound)."""
+
+    def __call__(self, message: dict[str, Any], /) -> Any | Awaitable[Any]: ...
+
+
+EnrichInit: TypeAlias = Callable[[], Any]
+"""An enricher's ``init``: called once at ``start()``, with no argument; it may return an
+awaitable (a coroutine function), which is awaited."""
+
 PluginFunction: TypeAlias = (
     CreateMessageFromRequestBody
     | CreateListenerDetailsFromToken
     | CreateCriteriaFromListenerDetails
     | HealthCheck
+    | Enrich
 )
 
 
@@ -107,6 +120,17 @@ class OutboundPlugin:
     table: str | None = None
     anonymous_criteria: Mapping[str, Any] | None = None
     """Protocol 2: the criteria of a socket that authenticates with token ``null`` (None: off)."""
+
+
+@dataclass(frozen=True)
+class EnricherPlugin:
+    """An enricher: the MQTT topic filter its messages' names match, its function, its ``init``."""
+
+    filter: str
+    enrich: Enrich
+    init: EnrichInit | None = None
+    reference: str | None = None
+    table: str | None = None
 
 
 def resolve(reference: str) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Final
 
@@ -15,6 +15,7 @@ from .config import Config, load_config
 from .consumer import Consumer
 from .control import Control, check_inbound_paths
 from .criteria import ID_KEY, ListenerId, validate_criteria
+from .enrichers import Enrichers
 from .gc_freeze import freeze_after_connects, release_closed_transports
 from .history import History
 from .http_server import app_runner, handshake_limits
@@ -31,6 +32,8 @@ from .plugins import (
     CreateCriteriaFromListenerDetails,
     CreateListenerDetailsFromToken,
     CreateMessageFromRequestBody,
+    Enrich,
+    EnrichInit,
     HealthCheck,
     InboundPlugin,
     OutboundPlugin,
@@ -81,6 +84,11 @@ class Bow:
         self._consumer: asyncio.Task[None] | None = None
         self._history = History(lambda position: None)
         self._control: Control | None = None  # the control endpoints' operations, once started
+        self._enrichers = Enrichers(  # its enrich(message) is what every source of messages calls
+            timeout=self.config.inbound_timeout,
+            max_queries=self.config.max_queries,
+            max_predicates=self.config.max_predicates,
+        )
 
     # -- registration -----------------------------------------------------------------------
 
@@ -147,6 +155,13 @@ class Bow:
         self._middleware_references.append((f"outbound {version!r}", middleware_version))
         return self
 
+    def enricher(self, *, filter: str, enrich: Enrich, init: EnrichInit | None = None) -> Bow:
+        """Pass every accepted message whose name matches the MQTT topic ``filter`` through
+        ``enrich(message) -> message`` before it is positioned, after the enrichers registered
+        before; ``init()`` runs once at ``start()`` (see :mod:`bow_gateway.enrichers`)."""
+        self._enrichers.add(filter, enrich, init)
+        return self
+
     def health_check(self, decorator: HealthCheck) -> Bow:
         """Let ``decorator(request)`` make the ``200`` answer of ``GET /health``."""
         _callable("health_check", decorator)
@@ -180,6 +195,7 @@ class Bow:
         if self._runners:
             raise RuntimeError("this Bow is already started")
         self._check_versions()
+        await self._enrichers.start()
         release_closed_transports()  # no reference cycle per closed connection (CPython 3.11)
         config = self.config
         backplane = self._own_backplane or backplane_from_config(
@@ -275,15 +291,21 @@ class Bow:
                 ),
             ],
         )
+
+        async def publish_many(events: Sequence[Event]) -> list[str]:
+            return await backplane.publish_many([encode_event(event) for event in events])
+
         for spec in self._inbounds.values():
             handler = message_handler(
                 spec,
-                publish,
+                publish_many,
                 self.metrics,
+                enrich=self._enrichers.enrich_all if self._enrichers else None,
                 timeout=config.inbound_timeout,
                 max_queries=config.max_queries,
                 max_predicates=config.max_predicates,
                 max_event_bytes=config.max_event_bytes,
+                max_batch=config.inbound_max_batch,
             )
             app.router.add_post(spec.path, handler)
         self._control = Control(config, publish, backplane)
@@ -392,6 +414,7 @@ class Bow:
         return [
             *(spec.create_message_from_request_body for spec in self._inbounds.values()),
             *(spec.create_listener_details_from_token for spec in self._outbounds.values()),
+            *self._enrichers.functions(),
         ]
 
     async def _probe_loop_lag(self, interval: float = 0.25, warn_above: float = 1.0) -> None:

@@ -19,6 +19,11 @@ The file holds the section-1 configuration (``port``, ``host``, ``https``, ``red
     options = { secret_env = "BOW_JWT_SECRET" }
     middleware_version = "v1"
 
+    [[enrichers]]                         # optional, any number, applied in this order
+    filter = "orders/#"
+    enrich = "my_plugins:add_customer"
+    init = "my_plugins:connect"           # optional: called once at start
+
 A plugin module is looked up on ``sys.path``, then in the config file's folder. Environment
 variables override the file: ``BOW_<KEY>`` for a top-level key, ``BOW_<SECTION>_<KEY>`` for a key
 of a section, ``BOW_<KEY>`` for the ``[middleware]`` keys, and ``BOW_REDIS_URL`` for ``redis``
@@ -39,7 +44,7 @@ from marshmallow import Schema, fields
 
 from .config import _ConfigSchema, _HttpsSchema, load_config
 from .plugin_tables import PLUGIN_KEYS, importable, naming, read_plugins
-from .plugins import HealthCheck, InboundPlugin, MiddlewarePlugin, OutboundPlugin
+from .plugins import EnricherPlugin, HealthCheck, InboundPlugin, MiddlewarePlugin, OutboundPlugin
 from .server import Bow
 
 logger = logging.getLogger("bow_gateway.standalone")
@@ -71,6 +76,7 @@ class Settings:
     middlewares: tuple[MiddlewarePlugin, ...] = ()
     inbounds: tuple[InboundPlugin, ...] = ()
     outbounds: tuple[OutboundPlugin, ...] = ()
+    enrichers: tuple[EnricherPlugin, ...] = ()
     health_check: HealthCheck | None = None
     source: str | None = None
     """The file read, or ``None`` for the embedded default."""
@@ -91,6 +97,7 @@ class Settings:
             middlewares=self.middlewares,
             inbounds=self.inbounds,
             outbounds=self.outbounds,
+            enrichers=self.enrichers,
             health_check=self.health_check,
             source=self.source,
             environment=self.environment,
@@ -190,7 +197,7 @@ def load_settings(path: str | None, environ: Mapping[str, str] = os.environ) -> 
             plugins = read_plugins(document)
     except ValueError as error:  # keeps the import's own traceback as the cause
         raise ValueError(f"{where}: {error}") from error.__cause__
-    middlewares, inbounds, outbounds, health_check = plugins
+    middlewares, inbounds, outbounds, enrichers, health_check = plugins
     if not inbounds and not outbounds:
         raise ValueError(f"{where}: there is no [[inbounds]] and no [[outbounds]] table")
     return Settings(
@@ -198,6 +205,7 @@ def load_settings(path: str | None, environ: Mapping[str, str] = os.environ) -> 
         middlewares=middlewares,
         inbounds=inbounds,
         outbounds=outbounds,
+        enrichers=enrichers,
         health_check=health_check,
         source=path,
         environment=environment,
@@ -231,6 +239,9 @@ def build_bow(settings: Settings) -> Bow:
                 middleware_version=outbound.middleware_version,
                 anonymous_criteria=outbound.anonymous_criteria,
             )
+    for enricher in settings.enrichers:
+        with naming(enricher.table):
+            bow.enricher(filter=enricher.filter, enrich=enricher.enrich, init=enricher.init)
     if settings.health_check is not None:
         bow.health_check(settings.health_check)
     return bow

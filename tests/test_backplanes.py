@@ -303,6 +303,75 @@ async def test_positions_increase_and_are_those_events_yield(backend: Backend) -
     assert len(set(published)) == 40
 
 
+async def test_publish_many_delivers_in_order_and_returns_the_positions_events_yield(
+    backend: Backend,
+) -> None:
+    backplane = await backend.connected()
+    first = await backplane.publish(b"before")
+    positions = await backplane.publish_many(numbered(5))
+    read = await items(backplane, 6)
+    assert [item.data for item in read if isinstance(item, Entry)] == [b"before", *numbered(5)]
+    assert [item.position for item in read] == [first, *positions]
+    keys = [backplane.parse_position(position) for position in [first, *positions]]
+    assert all(key is not None for key in keys)
+    assert [key for key in keys if key] == sorted(key for key in keys if key)
+    assert len(set(positions)) == 5
+
+
+async def test_publish_many_of_nothing_publishes_nothing(backend: Backend) -> None:
+    backplane = await backend.connected()
+    assert await backplane.publish_many([]) == []
+    await backplane.publish(b"after")
+    assert await take(backplane, 1) == [b"after"]
+
+
+async def test_a_batch_stays_whole_among_concurrent_publishes(backend: Backend) -> None:
+    backplane = await backend.connected()
+    batch = numbered(50, "batch")
+    singles = numbered(20, "single")
+    await asyncio.gather(
+        *(backplane.publish(data) for data in singles[:10]),
+        backplane.publish_many(batch),
+        *(backplane.publish(data) for data in singles[10:]),
+    )
+    got = await take(backplane, 70)
+    start = got.index(batch[0])
+    assert got[start : start + 50] == batch
+    assert [data for data in got if data.startswith(b"single")] == singles
+
+
+async def test_a_batch_larger_than_a_pipeline_is_taken_whole_in_order(backend: Backend) -> None:
+    backplane = await backend.connected()
+    batch = numbered(1_200)  # over the Redis backplane's 500 events a pipeline
+    positions = await backplane.publish_many(batch)
+    assert len(positions) == len(set(positions)) == 1_200
+    read = await items(backplane, 1_200)
+    assert [item.position for item in read] == positions
+    assert [item.data for item in read if isinstance(item, Entry)] == batch
+
+
+async def test_publish_many_before_connect_or_after_disconnect_is_refused(
+    backend: Backend,
+) -> None:
+    with pytest.raises(BackplaneUnavailable):
+        await backend.new().publish_many([b"early"])
+    backplane = await backend.connected()
+    await backplane.disconnect()
+    with pytest.raises(BackplaneUnavailable):
+        await backplane.publish_many([b"late", b"later"])
+
+
+async def test_a_batch_it_cannot_take_is_refused_promptly(backend: Backend) -> None:
+    backplane = backend.new(bounded=True)
+    await backplane.connect()
+    async with backend.unable(backplane):
+        started = time.monotonic()
+        with pytest.raises(BackplaneUnavailable) as refused:
+            await backplane.publish_many(numbered(3, "refused"))
+        assert time.monotonic() - started < PUBLISH_TIMEOUT + 1.0
+    assert refused.value.retry_after > 0
+
+
 async def test_positions_are_short_ascii_and_parsed_while_garbage_is_not(backend: Backend) -> None:
     backplane = await backend.connected()
     position = await backplane.publish(b"one")

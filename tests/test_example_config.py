@@ -29,6 +29,7 @@ PLUGIN_TABLES = {
         "middleware_version",
         "options",
     },
+    "enrichers": {"filter", "enrich", "init", "options"},
 }
 
 

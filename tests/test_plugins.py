@@ -56,6 +56,7 @@ def test_the_public_api_exports_the_contract() -> None:
         "CreateListenerDetailsFromToken",
         "CreateCriteriaFromListenerDetails",
         "HealthCheck",
+        "Enrich",
         "WatchesCriteria",
         "AsyncClosable",
     ):

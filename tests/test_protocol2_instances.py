@@ -11,6 +11,7 @@ connected protocol-2 sockets are told of (``__gap``) and old positions cannot re
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import re
@@ -345,6 +346,9 @@ async def test_under_load_roaming_clients_receive_exactly_their_messages_once_in
                 reconnections += 1
                 assert (ack["recovered"], ack["reason"]) == (True, None), (context, where, ack)
         assert reconnections >= ROAMERS
+        places = [[where for where, _ in roamer.acks] for roamer in roamers]
+        moves = sum(x != y for names in places for x, y in itertools.pairwise(names))
+        assert moves > 0  # some came back to the other instance (about half of them)
         assert elapsed < SECONDS + 3, f"the pushes took {elapsed:.1f} s"
     finally:
         await asyncio.gather(*(roamer.close() for roamer in roamers))

@@ -448,6 +448,28 @@ async def test_large_concurrent_events_go_in_several_pipelines_in_order(
     collector.task.cancel()
 
 
+async def test_a_batch_goes_in_one_pipeline_however_large(
+    backplanes: Callable[..., RedisBackplane],
+) -> None:
+    writer, reader = backplanes(batch=10, batch_bytes=1_000), backplanes()
+    await writer.connect()
+    await reader.connect()
+    collector = Collector(reader)
+    sent: list[int] = []
+    xadd = writer._xadd
+
+    async def counted(events: list[bytes]) -> list[Any]:
+        sent.append(len(events))
+        return await xadd(events)
+
+    writer._xadd = counted  # type: ignore[method-assign]
+    events = [f"{n:03} ".encode() + b"x" * 100 for n in range(40)]  # 4 times both limits
+    await writer.publish_many(events)
+    assert sent == [40]
+    assert await collector.until(len(events)) == events
+    collector.task.cancel()
+
+
 async def test_claims_of_a_dead_instance_no_longer_count(
     admin: redis.asyncio.Redis, backplanes: Callable[..., RedisBackplane]
 ) -> None:

@@ -58,6 +58,16 @@ class Backplane(abc.ABC):
         :class:`BackplaneUnavailable`. Once this returns, every instance's :meth:`events` yields it
         (unless a :class:`Gap` says otherwise)."""
 
+    async def publish_many(self, events: list[bytes]) -> list[str]:
+        """Hand ``events`` over in this order, in one trip to the backplane, and return their
+        positions (``[]`` for none), or raise :class:`BackplaneUnavailable` (then some of them may
+        still be delivered, as a refused :meth:`publish` may). Others publishing meanwhile never
+        come between them on this instance.
+
+        This default publishes them one at a time, each after the last was taken: the in-process
+        and Redis backends override it, and so should a backplane of your own."""
+        return [await self.publish(data) for data in events]
+
     @abc.abstractmethod
     def events(self) -> AsyncIterator[Entry | Gap]:
         """Every event published by any instance from :meth:`connect` on, in one order, and the

@@ -38,16 +38,28 @@ class MemoryBackplane(Backplane):
             queue.put_nowait(None)
 
     async def publish(self, data: bytes) -> str:
-        if self._queue is None:
+        return self._put([data])[0]
+
+    async def publish_many(self, events: list[bytes]) -> list[str]:
+        """All of ``events`` or none: refused while ``max_pending`` events wait, so that a batch
+        may pass the bound by its own size at most."""
+        return self._put(events)
+
+    def _put(self, events: list[bytes]) -> list[str]:
+        queue = self._queue
+        if queue is None:
             raise BackplaneUnavailable("the gateway is not running")
-        if self._queue.qsize() >= self._max_pending:
+        if queue.qsize() >= self._max_pending:
             raise BackplaneUnavailable(
                 f"{self._max_pending} events are already waiting for delivery"
             )
-        self._count += 1
-        position = f"{self._epoch}.{self._count}"
-        self._queue.put_nowait(Entry(position, data))
-        return position
+        positions = []
+        for data in events:
+            self._count += 1
+            position = f"{self._epoch}.{self._count}"
+            queue.put_nowait(Entry(position, data))
+            positions.append(position)
+        return positions
 
     async def events(self) -> AsyncIterator[Entry | Gap]:
         queue = self._queue

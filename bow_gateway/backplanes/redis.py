@@ -2,7 +2,8 @@
 
 Each event is one ``XADD`` (a single field, ``d``), the stream trimmed to about ``max_len``
 entries; events published while an ``XADD`` is under way go together in one pipeline, in the
-order they were published. Each ``XADD`` runs in a Lua script (:mod:`.redis_scripts`) that also
+order they were published, and the events of one :meth:`~RedisBackplane.publish_many` always go in
+the same pipeline. Each ``XADD`` runs in a Lua script (:mod:`.redis_scripts`) that also
 starts a new epoch when the stream or the epoch key is missing; a position is
 ``"{epoch}.{stream id}"``. Every instance reads the stream with ``XREAD BLOCK`` from the last id
 it has read, so after a lost connection it resumes where it stopped: nothing published meanwhile
@@ -19,7 +20,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeAlias, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.retry import Retry
@@ -50,6 +51,8 @@ T = TypeVar("T")
 Client = Redis | RedisCluster
 FIELD = b"d"
 _FAILURES = FAILURES
+_Group: TypeAlias = tuple[list[bytes], asyncio.Future[list[str]]]
+"""The events of one publish, in order, and their positions once Redis has taken them all."""
 
 
 class _Stopped(Exception):
@@ -103,7 +106,7 @@ class RedisBackplane(Backplane):
         self._healthy = False
         self._readers: set[asyncio.Task[Any]] = set()  # tasks inside a read disconnect() ends
         self._interrupted: set[asyncio.Task[Any]] = set()  # those disconnect() has cancelled
-        self._pending: list[tuple[bytes, asyncio.Future[str]]] = []  # published, not yet sent
+        self._pending: list[_Group] = []  # published, not yet sent
         self._writer: asyncio.Task[None] | None = None  # sends the pending events, then ends
 
     @property
@@ -158,25 +161,37 @@ class RedisBackplane(Backplane):
     async def publish(self, data: bytes) -> str:
         """``XADD`` within ``publish_timeout`` and return the position, or raise
         :class:`BackplaneUnavailable`; no retry."""
+        return (await self._publish([data]))[0]
+
+    async def publish_many(self, events: list[bytes]) -> list[str]:
+        """Every event's ``XADD`` in one pipeline (however many, however large), in order, within
+        ``publish_timeout``; their positions, or :class:`BackplaneUnavailable` if any failed."""
+        return await self._publish(list(events))
+
+    async def _publish(self, events: list[bytes]) -> list[str]:
         client = self._client
         if client is None:
             raise BackplaneUnavailable("the gateway is not connected to Redis")
-        written: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._pending.append((data, written))
+        if not events:
+            return []
+        written: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+        self._pending.append((events, written))
         if self._writer is None:
             self._writer = asyncio.ensure_future(self._write(client))
         try:
             async with asyncio.timeout(self._publish_timeout):
-                position = await written  # on a timeout, cancelled: the writer skips it if unsent
+                positions = await written  # on a timeout, cancelled: the writer skips it if unsent
         except TimeoutError:
             exc = TimeoutError(f"no answer within {self._publish_timeout}s")
             self._lost(exc, "writing to")
-            raise BackplaneUnavailable(f"Redis did not take the event: {exc}") from None
+            raise BackplaneUnavailable(f"Redis did not take {_what(events)}: {exc}") from None
         except _FAILURES as exc:
             self._lost(exc, "writing to")
-            raise BackplaneUnavailable(f"Redis did not take the event: {_reason(exc)}") from exc
+            raise BackplaneUnavailable(
+                f"Redis did not take {_what(events)}: {_reason(exc)}"
+            ) from exc
         self._healthy = True
-        return position
+        return positions
 
     async def events(self) -> AsyncIterator[Entry | Gap]:
         """Read on from the last id read (one reader at a time; a later call resumes there)."""
@@ -272,46 +287,45 @@ class RedisBackplane(Backplane):
 
     async def _write(self, client: Client) -> None:
         """Send the pending events, a pipeline at a time, until none is left."""
-        batch: list[tuple[bytes, asyncio.Future[str]]] = []
+        batch: list[_Group] = []
         try:
             while self._pending:
                 batch = self._next_batch()
                 if not batch:  # every publisher of these gave up
                     continue
+                events = [data for group, _ in batch for data in group]
                 try:
                     async with asyncio.timeout(self._publish_timeout):
-                        results = await self._xadd([data for data, _ in batch])
+                        results = await self._xadd(events)
                 except TimeoutError:
                     late = TimeoutError(f"no answer within {self._publish_timeout}s")
-                    results = [late] * len(batch)
+                    results = [late] * len(events)
                 except Exception as exc:  # noqa: BLE001 - each publisher raises it
-                    results = [exc] * len(batch)
-                for (_, written), result in zip(batch, results, strict=True):
-                    if written.done():
-                        continue
-                    if isinstance(result, Exception):
-                        written.set_exception(result)
-                    else:
-                        value, entry_id = result
-                        epoch = bytes(value).partition(b" ")[0].decode()
-                        written.set_result(f"{epoch}.{as_text(entry_id)}")
+                    results = [exc] * len(events)
+                start = 0
+                for group, written in batch:
+                    answers, start = results[start : start + len(group)], start + len(group)
+                    if not written.done():
+                        _settle(written, answers)
         finally:
             self._writer = None
             for _, written in [*batch, *self._pending]:  # cancelled midway: no one will send them
                 if not written.done():
                     written.set_exception(OSError("the writer was stopped"))
 
-    def _next_batch(self) -> list[tuple[bytes, asyncio.Future[str]]]:
-        """The oldest pending events still awaited, within ``batch`` events and ``batch_bytes``."""
-        batch: list[tuple[bytes, asyncio.Future[str]]] = []
-        size = taken = 0
-        for data, written in self._pending:
-            if batch and (len(batch) == self._batch or size + len(data) > self._batch_bytes):
+    def _next_batch(self) -> list[_Group]:
+        """The oldest pending groups still awaited, within ``batch`` events and ``batch_bytes``
+        (the first group whole, however large: a group is never split)."""
+        batch: list[_Group] = []
+        count = size = taken = 0
+        for events, written in self._pending:
+            more = sum(map(len, events))
+            if batch and (count + len(events) > self._batch or size + more > self._batch_bytes):
                 break
             taken += 1
             if not written.done():  # else its publisher gave up: not sent
-                batch.append((data, written))
-                size += len(data)
+                batch.append((events, written))
+                count, size = count + len(events), size + more
         del self._pending[:taken]
         return batch
 
@@ -452,6 +466,23 @@ class RedisBackplane(Backplane):
         if self._healthy:
             logger.warning("lost Redis while %s %s: %s; retrying", doing, self.key, _reason(exc))
         self._healthy = False
+
+
+def _settle(written: asyncio.Future[list[str]], answers: list[Any]) -> None:
+    """The group's positions from its scripts' answers, or the first failure among them."""
+    failure = next((answer for answer in answers if isinstance(answer, Exception)), None)
+    if failure is not None:
+        written.set_exception(failure)
+        return
+    positions = []
+    for value, entry_id in answers:
+        epoch = bytes(value).partition(b" ")[0].decode()
+        positions.append(f"{epoch}.{as_text(entry_id)}")
+    written.set_result(positions)
+
+
+def _what(events: list[bytes]) -> str:
+    return "the event" if len(events) == 1 else f"the {len(events)} events"
 
 
 def _reason(exc: BaseException) -> str:

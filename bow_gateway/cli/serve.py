@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..backplanes import BackplaneUnavailable
+from ..enrichers import EnricherInitError
 from ..logs import configure_logging
 from ..server import Bow
 from ..standalone import (
@@ -82,7 +83,7 @@ async def run_server(bow: Bow, settings: Settings, quiet: bool = False) -> int:
         config = bow.config
         logger.error("cannot listen on %s:%d: %s", config.host, config.port, error.strerror)
         return 1
-    except BackplaneUnavailable as error:
+    except (BackplaneUnavailable, EnricherInitError) as error:
         logger.error("%s", error)
         return 1
     if not quiet:
