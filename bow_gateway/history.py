@@ -14,8 +14,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
-from .index import Query
-from .message import DISCONNECT, MessageEvent
+from .message import DISCONNECT, Message, MessageEvent
 
 Parse = Callable[[str], "tuple[str, tuple[int, ...]] | None"]
 
@@ -125,11 +124,12 @@ class History:
         self.last = position
 
     def recover(
-        self, since: str, matches: Callable[[list[Query]], bool], max_replay: int = 1_000
+        self, since: str, matches: Callable[[Message], bool], max_replay: int = 1_000
     ) -> Recovery:
         """The messages after ``since`` that ``matches`` accepts, all of them or a reason why not.
 
-        One audience check per message in the window at most; nothing is replayed in part.
+        One check (audience, then topic filters) per message in the window at most; nothing is
+        replayed in part.
         """
         self._forget_old()
         parsed = self._parse(since) if isinstance(since, str) else None
@@ -151,7 +151,7 @@ class History:
         replay: list[tuple[str, MessageEvent]] = []
         for item in self._after(number):
             message = item.message
-            if message is not None and matches(message.message.audience):
+            if message is not None and matches(message.message):
                 if len(replay) == max_replay:
                     return Recovery(False, TOO_MANY, self.last)
                 replay.append((item.position, message))
