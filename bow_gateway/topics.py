@@ -108,7 +108,7 @@ class TopicIndex(Generic[S]):
         """Each holder with at least one filter, to its filters (read only: delivery skips
         :meth:`narrow` while it is empty)."""
         self.visited = 0
-        """Nodes the last :meth:`match` visited (the cost tests read it)."""
+        """Nodes the last :meth:`match` or :meth:`narrow` visited (the cost tests read it)."""
 
     def __len__(self) -> int:
         """The number of holders with at least one filter."""
@@ -167,8 +167,34 @@ class TopicIndex(Generic[S]):
 
     def match(self, name: str) -> set[S]:
         """Every holder of a filter matching ``name``."""
-        parts = name.split(SEPARATOR)
         matched: set[S] = set()
+        for holders in self._matching(name):
+            matched |= holders
+        return matched
+
+    def narrow(self, resolved: set[S], name: str) -> set[S]:
+        """``resolved`` (changed in place) without the holders none of whose filters match
+        ``name``. Call it only when :attr:`holders` is not empty: without filters, no cost.
+
+        It costs, in C, the smaller of ``resolved`` and :attr:`holders`, then for each filter
+        matching ``name`` the smaller of its holders and the filtered ones in ``resolved``.
+        """
+        held = self.holders.keys() & resolved  # iterates the smaller of the two
+        if held:
+            wanted: set[S] = set()
+            for holders in self._matching(name):
+                wanted |= held & holders  # iterates the smaller of the two
+            if len(wanted) < len(held):
+                resolved -= held - wanted
+        return resolved
+
+    def _matching(self, name: str) -> list[set[S]]:
+        """The holders of each filter matching ``name`` (sets of the index: not to be changed).
+
+        A walk of the trie along the name's levels: a node is visited only when the filter
+        levels leading to it match the name's first levels."""
+        parts = name.split(SEPARATOR)
+        found: list[set[S]] = []
         visited = 0
         last = len(parts)
         # (node, depth): ``node`` matched the first ``depth`` levels of the name
@@ -179,17 +205,19 @@ class TopicIndex(Generic[S]):
             visited += 1
             children = node.children
             if not children:
-                if depth == last:
-                    matched |= node.holders
+                if depth == last and node.holders:
+                    found.append(node.holders)
                 continue
             wild = not (system and depth == 0)  # $-names: no wildcard at the first level
             if wild:
                 rest = children.get(ALL_LEVELS)
                 if rest is not None:  # '#' matches what is left, the parent level included
                     visited += 1
-                    matched |= rest.holders
+                    if rest.holders:
+                        found.append(rest.holders)
             if depth == last:
-                matched |= node.holders
+                if node.holders:
+                    found.append(node.holders)
                 continue
             child = children.get(parts[depth])
             if child is not None:
@@ -199,19 +227,7 @@ class TopicIndex(Generic[S]):
                 if child is not None:
                     pending.append((child, depth + 1))
         self.visited = visited
-        return matched
-
-    def narrow(self, resolved: set[S], name: str) -> set[S]:
-        """``resolved`` (changed in place) without the holders none of whose filters match
-        ``name``. Call it only when :attr:`holders` is not empty: without filters, no cost."""
-        filters = self.holders
-        if len(resolved) <= len(filters):
-            held = {holder for holder in resolved if holder in filters}
-        else:
-            held = {holder for holder in filters if holder in resolved}
-        if held:
-            resolved -= held - self.match(name)
-        return resolved
+        return found
 
 
 class FilterSet:
