@@ -117,6 +117,7 @@ class _OutboundSchema(Schema):
         load_default=100, validate=validate.Range(min=0, error="must be 0 (no limit) or more")
     )
     max_authenticates_per_minute = fields.Integer(load_default=12, validate=validate.Range(min=1))
+    max_filters = fields.Integer(load_default=100, validate=validate.Range(min=1))
 
 
 class _RecoverySchema(Schema):
@@ -239,6 +240,7 @@ class Config:
     max_event_bytes: int = 262_144
     max_sockets_per_id: int = 100
     max_authenticates_per_minute: int = 12
+    max_filters: int = 100
     recovery_enabled: bool = True
     recovery_max_age: float = 120.0
     recovery_max_count: int = 10_000
@@ -309,6 +311,7 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         max_event_bytes=data["outbound"]["max_event_bytes"],
         max_sockets_per_id=data["outbound"]["max_sockets_per_id"],
         max_authenticates_per_minute=data["outbound"]["max_authenticates_per_minute"],
+        max_filters=data["outbound"]["max_filters"],
         recovery_enabled=data["recovery"]["enabled"],
         recovery_max_age=data["recovery"]["max_age"],
         recovery_max_count=data["recovery"]["max_count"],

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from .changes import Changes
-from .index import Query
-from .message import DISCONNECT, MessageEvent
+from .message import DISCONNECT, Message, MessageEvent
 
 Parse = Callable[[str], "tuple[str, tuple[int, ...]] | None"]
 
@@ -122,13 +121,14 @@ class History:
         self,
         since: str,
         middleware_version: str,
-        matches: Callable[[list[Query]], bool],
+        matches: Callable[[Message], bool],
         max_replay: int = 1_000,
     ) -> Recovery:
         """The messages of ``middleware_version`` after ``since`` that ``matches`` accepts, all
         of them or a reason why not.
 
-        One audience check per message in the window at most; nothing is replayed in part.
+        One check (audience, then topic filters) per message in the window at most; nothing is
+        replayed in part.
         """
         self._forget_old()
         parsed = self._parse(since) if isinstance(since, str) else None
@@ -153,7 +153,7 @@ class History:
             if (
                 message is not None
                 and message.middleware_version == middleware_version
-                and matches(message.message.audience)
+                and matches(message.message)
             ):
                 if len(replay) == max_replay:
                     return Recovery(False, TOO_MANY, self.last)

@@ -41,14 +41,35 @@ GATEWAY_NAME_ERROR: Final = (
     "(a message may use only __disconnect)"
 )
 
+SYSTEM_PREFIX: Final = "$"
+"""Names whose first level starts with it are the gateway's topics (``clients.md`` section 11):
+a message may use only ``$remote/{sessionId}/rx/...``."""
+
+SYSTEM_NAME_ERROR: Final = (
+    "{input!r} is reserved: names starting with $ are the gateway's own topics "
+    "(a message may use only $remote/{{sessionId}}/rx/...)"
+)
+
+
+def _remote(name: str) -> bool:
+    """``$remote/{sessionId}/rx/...``: a non-empty session id, then ``rx``, then a level."""
+    levels = name.split("/", 3)
+    return len(levels) == 4 and levels[0] == "$remote" and bool(levels[1]) and levels[2] == "rx"
+
 
 def _reserved(name: str) -> bool:
-    return name in RESERVED_NAMES or (name.startswith(GATEWAY_PREFIX) and name != DISCONNECT)
+    return (
+        name in RESERVED_NAMES
+        or (name.startswith(GATEWAY_PREFIX) and name != DISCONNECT)
+        or (name.startswith(SYSTEM_PREFIX) and not _remote(name))
+    )
 
 
 def _check_gateway_name(name: str) -> None:
     if name.startswith(GATEWAY_PREFIX) and name != DISCONNECT:
         raise ValidationError(GATEWAY_NAME_ERROR.format(input=name))
+    if name.startswith(SYSTEM_PREFIX) and not _remote(name):
+        raise ValidationError(SYSTEM_NAME_ERROR.format(input=name))
 
 
 class _MessageSchema(Schema):

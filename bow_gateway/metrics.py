@@ -131,6 +131,12 @@ class Metrics:
         self.expiries = Counter(
             "bow_expiries", "Sockets closed at exp + grace (4003).", registry=registry
         )
+        self.subscribes = Counter(
+            "bow_subscribes",
+            "Protocol-2 subscribe events, by result (ok, error).",
+            ["result"],
+            registry=registry,
+        )
         self.kicks = Counter(
             "bow_kicks", "Listener ids kicked by POST /_bow/disconnect.", registry=registry
         )

@@ -225,6 +225,7 @@ class Bow:
                 expire_v1_sockets=config.expire_v1_sockets,
                 max_sockets_per_id=config.max_sockets_per_id,
                 max_authenticates_per_minute=config.max_authenticates_per_minute,
+                max_filters=config.max_filters,
                 recovery_enabled=config.recovery_enabled,
                 max_replay=config.recovery_max_replay,
                 position_interval=config.position_interval,

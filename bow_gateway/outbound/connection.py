@@ -28,6 +28,7 @@ class Settings:
     expire_v1_sockets: bool = False
     max_sockets_per_id: int = 100
     max_authenticates_per_minute: int = 12
+    max_filters: int = 100
     recovery_enabled: bool = True
     max_replay: int = 1_000
     position_interval: float = 30.0

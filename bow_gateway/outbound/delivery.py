@@ -82,6 +82,9 @@ class Delivery:
         if not connections:
             return
         message = event.message
+        topics = self._outbound.topics[event.middleware_version]
+        if topics.holders and message.name != DISCONNECT:  # only once a socket holds a filter
+            connections = topics.narrow(connections, message.name)
         if message.name == DISCONNECT:
             for connection in connections:
                 if connection.proto == 2:

@@ -13,6 +13,7 @@ from ..index import CriteriaIndex, IndexKey
 from ..message import Event
 from ..metrics import Metrics
 from ..plugins import CreateCriteriaFromListenerDetails
+from ..topics import TopicIndex
 from .connection import Connection, Settings
 from .writer import Writer
 
@@ -23,6 +24,7 @@ class Sockets(Protocol):
     connections: dict[str, Connection]
     deadlines: dict[str, asyncio.TimerHandle]
     indices: Mapping[str, CriteriaIndex[Connection]]
+    topics: dict[str, TopicIndex[Connection]]
     middlewares: Mapping[str, CreateCriteriaFromListenerDetails]
     settings: Settings
     history: History

@@ -9,6 +9,8 @@ from typing import Any
 from ..criteria import Criteria, ListenerId
 from ..history import DISABLED, Kept, Recovery
 from ..index import entries_of, matches
+from ..message import Message
+from ..topics import FilterSet
 from . import codec
 from .connection import Connection
 from .parts import Sockets
@@ -39,12 +41,16 @@ def ack_result(
         return result
     entries = entries_of(criteria)
     if outbound.settings.recovery_enabled:
-        recovery = history.recover(
-            since,
-            connection.outbound.middleware_version,
-            lambda audience: matches(entries, listener_id, audience),
-            outbound.settings.max_replay,
+        # The socket's topic filters apply to a replay as to live delivery (section 11)
+        filters = FilterSet(
+            outbound.topics[connection.outbound.middleware_version].filters_of(connection)
         )
+
+        def wanted(message: Message) -> bool:
+            return matches(entries, listener_id, message.audience) and filters.matches(message.name)
+
+        version = connection.outbound.middleware_version
+        recovery = history.recover(since, version, wanted, outbound.settings.max_replay)
     else:
         recovery = Recovery(False, DISABLED, history.last)
     outbound.metrics.recoveries.labels(

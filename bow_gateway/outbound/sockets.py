@@ -27,10 +27,12 @@ from ..message import (
 from ..metrics import Metrics
 from ..plugins import CreateCriteriaFromListenerDetails, OutboundPlugin
 from ..seams import LeanSocket, socketio_server
+from ..topics import TopicIndex
 from . import codec
 from .authentication import Authenticator
 from .connection import Connection, Settings, logger
 from .delivery import Delivery
+from .subscriptions import subscribe
 from .writer import Writer
 
 DEFAULT_SETTINGS: Final = Settings()
@@ -67,6 +69,10 @@ class SocketOutbound:
         self._outbounds = outbounds
         self.middlewares = middlewares
         self.indices = indices
+        # Per middleware version, the topic filters of its connections (empty: no cost at all)
+        self.topics: dict[str, TopicIndex[Connection]] = {
+            version: TopicIndex() for version in indices
+        }
         self.publish = publish
         # not ``history or ...``: an empty History is falsy (it has a length)
         self.history = history if history is not None else History(lambda position: None)
@@ -168,6 +174,7 @@ class SocketOutbound:
         version = connection.outbound.version
         self.metrics.sockets_connected.labels(version).dec()
         self.authenticator.forget(connection)
+        self.topics[connection.outbound.middleware_version].discard(connection)
         why = connection.closing or str(reason or "transport close")
         connection.closing = why  # a delivery under way skips it from now on
         self.metrics.disconnects.labels(why).inc()
@@ -278,6 +285,12 @@ class SocketOutbound:
     async def authenticate(self, sid: str, eio_sid: str, args: list[Any], ack_id: Any) -> None:
         """An ``authenticate`` event (:class:`.authentication.Authenticator`)."""
         await self.authenticator.authenticate(sid, eio_sid, args, ack_id)
+
+    def subscribe(self, sid: str, args: list[Any], ack_id: Any) -> None:
+        """A ``subscribe`` event (:mod:`.subscriptions`)."""
+        connection = self.connections.get(sid)
+        if connection is not None:
+            subscribe(self, connection, args, ack_id)
 
     async def refresh(
         self, middleware_version: str, listener_ids: list[ListenerId] | None = None

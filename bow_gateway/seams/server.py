@@ -1,7 +1,7 @@
 """python-socketio's server and manager, with the seams the gateway needs and they do not offer.
 
-- ``authenticate`` handlers learn whether the client asked for an acknowledgement, which the
-  contract requires and python-socketio hides;
+- ``authenticate`` and ``subscribe`` handlers learn whether the client asked for an
+  acknowledgement, which the contract requires and python-socketio hides;
 - every Engine.IO connection, with a Socket.IO connection or not, is known to the outbound from
   its start (:meth:`ServerHooks.opened`), so that one never authenticated is closed in time;
 - a malformed packet, or a binary one (the gateway needs none), costs its own socket an ``alert``
@@ -33,6 +33,8 @@ class ServerHooks(Protocol):
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
 
     async def authenticate(self, sid: str, eio_sid: str, args: list[Any], ack_id: Any) -> None: ...
+
+    def subscribe(self, sid: str, args: list[Any], ack_id: Any) -> None: ...
 
     def opened(self, eio_sid: str) -> None: ...
 
@@ -75,6 +77,11 @@ class Server(socketio.AsyncServer):  # type: ignore[misc]
             sid = self.manager.sid_from_eio_sid(eio_sid, namespace or "/")
             if sid is not None and self.manager.is_connected(sid, namespace or "/"):
                 self._hooks.spawn(self._hooks.authenticate(sid, eio_sid, data[1:], id))
+            return
+        if data[0] == "subscribe":  # applied at once, in order with the socket's other packets
+            sid = self.manager.sid_from_eio_sid(eio_sid, namespace or "/")
+            if sid is not None and self.manager.is_connected(sid, namespace or "/"):
+                self._hooks.subscribe(sid, data[1:], id)
             return
         # Any other event from a client is ignored: clients only listen.
 

@@ -1,0 +1,255 @@
+"""Topics (section 11 of ``clients.md``): MQTT 3.1.1 topic filters, and the index of who holds them.
+
+A message's name is its topic: levels separated by ``/`` (a leading ``/`` is an empty first
+level). A filter matches names level by level: ``+`` is any one level, ``#`` (alone, last) any
+number of levels, none included (``a/#`` matches ``a``). Names whose first level starts with ``$``
+are the gateway's: no client may hold a filter for them, and neither ``+`` nor ``#`` at the first
+level matches them.
+
+Every outbound (Socket.IO protocol 2 now; Flywheel and SSE later) keeps a :class:`TopicIndex` of
+its connections' filters. A connection with no filter receives every name, and costs nothing here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Iterable
+from typing import Final, Generic, TypeVar
+
+S = TypeVar("S", bound=Hashable)
+
+SEPARATOR: Final = "/"
+ONE_LEVEL: Final = "+"
+ALL_LEVELS: Final = "#"
+SYSTEM_PREFIX: Final = "$"
+
+MAX_FILTER_BYTES: Final = 1_024
+"""The longest filter, in UTF-8 bytes: each level of a filter is a node of the index."""
+MAX_FILTER_LEVELS: Final = 32
+"""The most levels in one filter (``a/b/#`` has 3): with ``max_filters``, what one connection can
+make the index hold. Longer names are still matched by a filter ending in ``#``."""
+
+
+def parse_filter(text: object) -> tuple[str, ...]:
+    """The levels of a topic filter a client may hold; ``ValueError`` says what is wrong.
+
+    MQTT 3.1.1 (4.7): ``+`` and ``#`` occupy a whole level, ``#`` only the last; a filter is not
+    empty and holds no NUL. Beyond MQTT: a first level starting with ``$`` names the gateway's
+    topics, which no client may subscribe to, and a filter has at most
+    :data:`MAX_FILTER_LEVELS` levels and :data:`MAX_FILTER_BYTES` bytes.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"a filter is a string, not {type(text).__name__}")
+    if not text:
+        raise ValueError("a filter must not be empty")
+    shown = repr(text if len(text) <= 64 else text[:64] + "...")
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_FILTER_BYTES:
+        raise ValueError(f"{shown}: a filter has at most {MAX_FILTER_BYTES} bytes")
+    if "\x00" in text:
+        raise ValueError(f"{shown}: a filter must not contain NUL (U+0000)")
+    levels = tuple(text.split(SEPARATOR))
+    if len(levels) > MAX_FILTER_LEVELS:
+        raise ValueError(f"{shown}: a filter has at most {MAX_FILTER_LEVELS} levels")
+    last = len(levels) - 1
+    for position, level in enumerate(levels):
+        if ALL_LEVELS in level:
+            if level != ALL_LEVELS:
+                raise ValueError(f"{shown}: # must be a whole level (as in 'a/#')")
+            if position != last:
+                raise ValueError(f"{shown}: # must be the last level (as in 'a/#')")
+        elif ONE_LEVEL in level and level != ONE_LEVEL:
+            raise ValueError(f"{shown}: + must be a whole level (as in 'a/+/c')")
+    if levels[0].startswith(SYSTEM_PREFIX):
+        raise ValueError(
+            f"{shown}: names starting with $ are the gateway's own; no client subscribes to them"
+        )
+    return levels
+
+
+def is_system_name(name: str) -> bool:
+    """Whether ``name``'s first level starts with ``$`` (the gateway's topics)."""
+    return name.startswith(SYSTEM_PREFIX)
+
+
+def filter_matches(levels: tuple[str, ...], name: str) -> bool:
+    """Whether a parsed filter matches ``name`` (one filter; the index answers for many)."""
+    parts = name.split(SEPARATOR)
+    if is_system_name(name) and levels[0] in (ONE_LEVEL, ALL_LEVELS):
+        return False
+    for position, level in enumerate(levels):
+        if level == ALL_LEVELS:
+            return True
+        if position >= len(parts) or (level != ONE_LEVEL and level != parts[position]):
+            return False
+    return len(levels) == len(parts)
+
+
+class _Node(Generic[S]):
+    """One level of the trie: what follows it, and who holds a filter ending here."""
+
+    __slots__ = ("children", "holders")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node[S]] = {}
+        self.holders: set[S] = set()
+
+
+class TopicIndex(Generic[S]):
+    """The filters held by connections (or anything hashable), as a trie over levels.
+
+    :meth:`match` costs in proportion to the levels of the name, the nodes of the filters that
+    match its first levels, and the holders it returns: never to the number of holders of
+    filters that do not match. :meth:`narrow` drops, from a resolved audience, the holders whose
+    filters do not match a name; holders without filters always stay.
+    """
+
+    def __init__(self) -> None:
+        self._root: _Node[S] = _Node()
+        self.holders: dict[S, set[str]] = {}
+        """Each holder with at least one filter, to its filters (read only: delivery skips
+        :meth:`narrow` while it is empty)."""
+        self.visited = 0
+        """Nodes the last :meth:`match` or :meth:`narrow` visited (the cost tests read it)."""
+
+    def __len__(self) -> int:
+        """The number of holders with at least one filter."""
+        return len(self.holders)
+
+    def __contains__(self, holder: object) -> bool:
+        return holder in self.holders
+
+    def filters_of(self, holder: S) -> frozenset[str]:
+        return frozenset(self.holders.get(holder, ()))
+
+    def add(self, holder: S, text: str, levels: Iterable[str] | None = None) -> bool:
+        """Hold filter ``text`` (checked by :func:`parse_filter`, or its ``levels``); True if
+        new."""
+        filters = self.holders.get(holder)
+        if filters is not None and text in filters:
+            return False
+        node = self._root
+        for level in text.split(SEPARATOR) if levels is None else levels:
+            child = node.children.get(level)
+            if child is None:
+                child = node.children[level] = _Node()
+            node = child
+        node.holders.add(holder)
+        if filters is None:
+            self.holders[holder] = {text}
+        else:
+            filters.add(text)
+        return True
+
+    def remove(self, holder: S, text: str) -> bool:
+        """Stop holding exactly ``text`` (no subset or superset); True if it was held."""
+        filters = self.holders.get(holder)
+        if filters is None or text not in filters:
+            return False
+        filters.discard(text)
+        if not filters:
+            del self.holders[holder]
+        path: list[tuple[_Node[S], str]] = []
+        node = self._root
+        for level in text.split(SEPARATOR):
+            path.append((node, level))
+            node = node.children[level]
+        node.holders.discard(holder)
+        for parent, level in reversed(path):  # prune the nodes nobody needs any more
+            child = parent.children[level]
+            if child.holders or child.children:
+                break
+            del parent.children[level]
+        return True
+
+    def discard(self, holder: S) -> None:
+        """Forget every filter of ``holder`` (it disconnected)."""
+        for text in list(self.holders.get(holder, ())):
+            self.remove(holder, text)
+
+    def match(self, name: str) -> set[S]:
+        """Every holder of a filter matching ``name``."""
+        matched: set[S] = set()
+        for holders in self._matching(name):
+            matched |= holders
+        return matched
+
+    def narrow(self, resolved: set[S], name: str) -> set[S]:
+        """``resolved`` (changed in place) without the holders none of whose filters match
+        ``name``. Call it only when :attr:`holders` is not empty: without filters, no cost.
+
+        It costs, in C, the smaller of ``resolved`` and :attr:`holders`, then for each filter
+        matching ``name`` the smaller of its holders and the filtered ones in ``resolved``.
+        """
+        held = self.holders.keys() & resolved  # iterates the smaller of the two
+        if held:
+            wanted: set[S] = set()
+            for holders in self._matching(name):
+                wanted |= held & holders  # iterates the smaller of the two
+            if len(wanted) < len(held):
+                resolved -= held - wanted
+        return resolved
+
+    def _matching(self, name: str) -> list[set[S]]:
+        """The holders of each filter matching ``name`` (sets of the index: not to be changed).
+
+        A walk of the trie along the name's levels: a node is visited only when the filter
+        levels leading to it match the name's first levels."""
+        parts = name.split(SEPARATOR)
+        found: list[set[S]] = []
+        visited = 0
+        last = len(parts)
+        # (node, depth): ``node`` matched the first ``depth`` levels of the name
+        pending: list[tuple[_Node[S], int]] = [(self._root, 0)]
+        system = is_system_name(name)
+        while pending:
+            node, depth = pending.pop()
+            visited += 1
+            children = node.children
+            if not children:
+                if depth == last and node.holders:
+                    found.append(node.holders)
+                continue
+            wild = not (system and depth == 0)  # $-names: no wildcard at the first level
+            if wild:
+                rest = children.get(ALL_LEVELS)
+                if rest is not None:  # '#' matches what is left, the parent level included
+                    visited += 1
+                    if rest.holders:
+                        found.append(rest.holders)
+            if depth == last:
+                if node.holders:
+                    found.append(node.holders)
+                continue
+            child = children.get(parts[depth])
+            if child is not None:
+                pending.append((child, depth + 1))
+            if wild:
+                child = children.get(ONE_LEVEL)
+                if child is not None:
+                    pending.append((child, depth + 1))
+        self.visited = visited
+        return found
+
+
+class FilterSet:
+    """One connection's filters, matched without an index (a recovery's check per message),
+    with each name's answer remembered: a window repeats its names."""
+
+    __slots__ = ("_answers", "_index")
+
+    def __init__(self, filters: Collection[str]) -> None:
+        self._index: TopicIndex[int] = TopicIndex()
+        for text in filters:
+            self._index.add(0, text)
+        self._answers: dict[str, bool] = {}
+
+    def __bool__(self) -> bool:
+        return len(self._index) > 0
+
+    def matches(self, name: str) -> bool:
+        """Whether one of the filters matches ``name`` (always, without filters)."""
+        if not self._index:
+            return True
+        answer = self._answers.get(name)
+        if answer is None:
+            answer = self._answers[name] = bool(self._index.match(name))
+        return answer
