@@ -13,10 +13,8 @@ the timeout (``inbound.timeout``, shared by all the enrichers a request's messag
 makes the gateway unable to take it now (:class:`EnricherTimeout`: ``503``).
 :meth:`Enrichers.enrich` is what any source of messages calls (the inbounds, client publishes).
 
-The topic filter parser and matcher here are minimal and private (:func:`_parse_filter`,
-:func:`_matches`): MQTT 3.1.1's ``+`` (one level) and ``#`` (the last level: the rest, the parent
-level included), levels split on ``/``, and a filter starting with a wildcard never matching a name
-starting with ``$``.
+Filters are MQTT 3.1.1's, parsed and matched by :mod:`.topics` (which also lets an enricher name
+the gateway's ``$`` topics).
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ from typing import Any
 
 from .message import Message, validate_message
 from .plugins import Enrich, EnrichInit
+from .topics import filter_matches, parse_filter
 
 
 class EnricherRefused(ValueError):
@@ -77,7 +76,7 @@ class Enrichers:
 
     def add(self, filter: str, enrich: Enrich, init: EnrichInit | None = None) -> None:
         """Register one; ``ValueError`` names the bad argument (a malformed filter...)."""
-        levels = _parse_filter(filter)
+        levels = _parse(filter)
         if not callable(enrich):
             raise ValueError(f"enrich must be callable, not {type(enrich).__name__}")
         if init is not None and not callable(init):
@@ -126,7 +125,7 @@ class Enrichers:
             async with asyncio.timeout(self._timeout):
                 for index, message in enumerate(messages):
                     for enricher in self._enrichers:
-                        if _matches(enricher.levels, message.name):
+                        if filter_matches(enricher.levels, message.name):
                             current = (enricher, index)
                             message = await self._apply(enricher, index, message)
                     enriched.append(message)
@@ -168,36 +167,9 @@ def describe(function: Callable[..., Any]) -> str:
     return f"{module}:{name}" if module and name else repr(function)
 
 
-# -- MQTT 3.1.1 topic filters, minimal (bow_gateway.topics replaces these at merge) -------------
-
-
-def _parse_filter(filter: Any) -> tuple[str, ...]:
-    """The levels of a topic filter; ``ValueError`` for a malformed one."""
-    if not isinstance(filter, str) or not filter:
-        raise ValueError(
-            f"filter must be a non-empty string (an MQTT topic filter), not {filter!r}"
-        )
-    if "\0" in filter:
-        raise ValueError(f"filter {filter!r} is malformed: it holds a NUL character")
-    levels = tuple(filter.split("/"))
-    for number, level in enumerate(levels):
-        if "#" in level and (level != "#" or number != len(levels) - 1):
-            raise ValueError(
-                f"filter {filter!r} is malformed: '#' must be a whole level, and the last one"
-            )
-        if "+" in level and level != "+":
-            raise ValueError(f"filter {filter!r} is malformed: '+' must be a whole level")
-    return levels
-
-
-def _matches(levels: tuple[str, ...], name: str) -> bool:
-    """Whether a name matches the filter of ``levels``."""
-    if name.startswith("$") and levels[0] in ("+", "#"):
-        return False
-    parts = name.split("/")
-    for number, level in enumerate(levels):
-        if level == "#":
-            return True
-        if number >= len(parts) or (level != "+" and level != parts[number]):
-            return False
-    return len(parts) == len(levels)
+def _parse(filter: Any) -> tuple[str, ...]:
+    """An enricher's filter, as :mod:`.topics` parses them (``$`` topics allowed)."""
+    try:
+        return parse_filter(filter, system=True)
+    except ValueError as error:
+        raise ValueError(f"filter: {error}") from None

@@ -29,8 +29,9 @@ MAX_FILTER_LEVELS: Final = 32
 make the index hold. Longer names are still matched by a filter ending in ``#``."""
 
 
-def parse_filter(text: object) -> tuple[str, ...]:
-    """The levels of a topic filter a client may hold; ``ValueError`` says what is wrong.
+def parse_filter(text: object, *, system: bool = False) -> tuple[str, ...]:
+    """The levels of a topic filter a client may hold (``system``: or the gateway's own, an
+    enricher's, which may name ``$`` topics); ``ValueError`` says what is wrong.
 
     MQTT 3.1.1 (4.7): ``+`` and ``#`` occupy a whole level, ``#`` only the last; a filter is not
     empty and holds no NUL. Beyond MQTT: a first level starting with ``$`` names the gateway's
@@ -58,7 +59,7 @@ def parse_filter(text: object) -> tuple[str, ...]:
                 raise ValueError(f"{shown}: # must be the last level (as in 'a/#')")
         elif ONE_LEVEL in level and level != ONE_LEVEL:
             raise ValueError(f"{shown}: + must be a whole level (as in 'a/+/c')")
-    if levels[0].startswith(SYSTEM_PREFIX):
+    if levels[0].startswith(SYSTEM_PREFIX) and not system:
         raise ValueError(
             f"{shown}: names starting with $ are the gateway's own; no client subscribes to them"
         )

@@ -392,12 +392,6 @@ class NeverReads:
         self.sock.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: disconnect_soon's 0.9 s timeout wraps close_transport, which returns at once "
-    "(LeanSocket.shut, wait=False) and leaves websocket.close() to a background task stuck "
-    "behind the full write buffer: transport.abort() is never reached, the TCP connection stays",
-)
 async def test_a_slow_socket_that_never_reads_is_cut_off_within_2_s_of_its_4008(
     start_bow: StartBow, http: aiohttp.ClientSession, gateways: list[P2Gateway]
 ) -> None:

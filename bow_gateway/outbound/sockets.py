@@ -256,12 +256,15 @@ class SocketOutbound:
         within :data:`DROP_AFTER` is cut off, its queue dropped (nothing else waits for it)."""
         await asyncio.sleep(CLOSE_AFTER)  # a long-polling client fetches the alert meanwhile
         await self.sio.disconnect(connection.sid)
-        try:
-            async with asyncio.timeout(DROP_AFTER):
-                await self.close_transport(connection.eio_sid)
-        except TimeoutError:
-            if connection.transport is not None:
-                connection.transport.abort()
+        await self.close_transport(connection.eio_sid)
+        transport = connection.transport
+        if transport is None:
+            return
+        deadline = asyncio.get_running_loop().time() + DROP_AFTER
+        while transport.get_write_buffer_size() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        if transport.get_write_buffer_size():
+            transport.abort()
 
     async def refuse_eio(self, eio_sid: str, reason: str) -> None:
         sid = self.sio.manager.sid_from_eio_sid(eio_sid, "/")
