@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from .. import codes
-from . import codec
 from .connection import Connection
 from .parts import Sockets
 
@@ -67,8 +66,7 @@ class Expiry:
         grace = outbound.settings.expiry_grace
         outbound.writer.write(
             connection,
-            codec.alert(
-                2,
+            connection.codec.alert(
                 codes.REFRESH_REQUIRED,
                 f"the token expires: authenticate again within {grace:g} s",
                 fatal=False,

@@ -28,7 +28,6 @@ from ..metrics import Metrics
 from ..plugins import CreateCriteriaFromListenerDetails, OutboundPlugin
 from ..seams import LeanSocket, socketio_server
 from ..topics import TopicIndex
-from . import codec
 from .authentication import Authenticator
 from .connection import Connection, Settings, logger
 from .delivery import Delivery
@@ -198,7 +197,7 @@ class SocketOutbound:
         self.indices[connection.outbound.middleware_version].add(connection, key, criteria)
         connection.key = key
         self.metrics.sockets_authenticated.labels(connection.outbound.version).inc()
-        if connection.proto == 2:
+        if connection.codec.positioned:
             self.positioned.add(connection)
             connection.positioned_at = time.monotonic()
 
@@ -246,9 +245,7 @@ class SocketOutbound:
         self.metrics.limit_hits.labels(str(code.code)).inc()
         logger.info("closing socket %s: %s: %s", connection.sid, code.reason, text)
         connection.backlog = None  # what waits behind a replay is dropped with the socket
-        self.writer.write_alert(
-            connection, codec.alert(connection.proto, code, text, reconnect=reconnect)
-        )
+        self.writer.write_alert(connection, connection.codec.alert(code, text, reconnect=reconnect))
         self.spawn(self.disconnect_soon(connection))
 
     async def disconnect_soon(self, connection: Connection) -> None:
@@ -316,10 +313,9 @@ class SocketOutbound:
         for connection in list(self.connections.values()):
             if connection.closing is None:
                 connection.closing = "shutdown"
-            if connection.proto == 2:  # protocol 1 sees a clean close, as in Bow
+            if connection.codec.positioned:  # protocol 1 sees a clean close, as in Bow
                 self.writer.write_alert(
-                    connection,
-                    codec.alert(connection.proto, codes.SHUTDOWN, "this instance is stopping"),
+                    connection, connection.codec.alert(codes.SHUTDOWN, "this instance is stopping")
                 )
             self.authenticator.forget(connection)
         for deadline in self.deadlines.values():

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from socket import AF_INET, AF_INET6, SO_SNDBUF, SOL_SOCKET
 from typing import Final
 
-from ..seams import websocket_frame
 from .connection import Connection
 
 REPLAY_LOW_WATER: Final = 65_536  # a replay writes on while the socket buffers less than this
@@ -17,8 +16,8 @@ KERNEL_BUFFER_MAX: Final = 262_144  # the most of a websocket's send buffer left
 
 
 class Writer:
-    """Writes encoded Socket.IO packets to connections; ``slow(connection)`` when one is over
-    ``max_buffered_bytes``."""
+    """Writes encoded packets to connections (framed by their codec); ``slow(connection)``
+    when one is over ``max_buffered_bytes``."""
 
     def __init__(
         self,
@@ -60,7 +59,7 @@ class Writer:
         if transport.get_write_buffer_size() > self.max_buffered_bytes:
             self._slow(connection)
             return False
-        transport.write(frame if frame is not None else websocket_frame(b"4" + encoded))
+        transport.write(frame if frame is not None else connection.codec.frame(encoded))
         return True
 
     def _bound_kernel_buffer(self, transport: asyncio.Transport) -> None:
@@ -125,11 +124,12 @@ class Writer:
                     else:
                         connection.backlog_bytes -= len(encoded)
                     if transport is not None:  # a websocket: many frames, one write
-                        frames = [websocket_frame(b"4" + encoded)]
+                        frame = connection.codec.frame
+                        frames = [frame(encoded)]
                         room -= len(frames[0])
                         while backlog and room > 0 and connection.replaying:
                             connection.replaying -= 1
-                            frames.append(websocket_frame(b"4" + backlog.popleft()))
+                            frames.append(frame(backlog.popleft()))
                             room -= len(frames[-1])
                         if transport.is_closing():
                             return
