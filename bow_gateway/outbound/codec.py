@@ -24,6 +24,7 @@ class Codec(Protocol):
 
     name: str
     positioned: bool  # its connections are told positions (recovery, __gap, __position)
+    reauthenticates: bool  # its clients can authenticate again (4100 before 4003 at expiry)
 
     def message(self, message: Message, position: str) -> Encoded:
         """A delivered message: its packet and the exact bytes written to a transport."""
@@ -51,12 +52,12 @@ class Codec(Protocol):
 class SocketIO:
     """Socket.IO EVENTs on ``/``, written to a websocket as Engine.IO MESSAGE frames."""
 
-    __slots__ = ("name", "positioned", "proto")
+    __slots__ = ("name", "positioned", "proto", "reauthenticates")
 
     def __init__(self, proto: int) -> None:
         self.proto = proto
         self.name = f"socketio{proto}"
-        self.positioned = proto == 2
+        self.positioned = self.reauthenticates = proto == 2
 
     def message(self, message: Message, position: str) -> Encoded:
         packet = positioned_event(message, position) if self.positioned else event(message)

@@ -48,6 +48,7 @@ class Connection:
         "codec",
         "details",
         "eio_sid",
+        "ended",
         "exp",
         "key",
         "listener_id",
@@ -97,6 +98,8 @@ class Connection:
         self.backlog: deque[bytes] | None = None
         self.backlog_bytes = 0
         self.replaying = 0  # how many of the first packets of the backlog are the replay's
+        # An SSE stream's: done when the gateway ends it (or its client went)
+        self.ended: asyncio.Future[None] | None = None
 
     @property
     def authenticated(self) -> bool:

@@ -100,6 +100,11 @@ class SocketOutbound:
         self.authenticator = Authenticator(self, claim=claim, release=release)
         self.delivery = Delivery(self)
 
+    @property
+    def outbounds(self) -> Mapping[str, OutboundPlugin]:
+        """The outbounds served, by normalised version."""
+        return self._outbounds
+
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         """Run a per-socket job in the background, keeping a reference until it ends; one that
         fails is logged with its traceback (it concerns one socket: nothing to restart)."""
@@ -252,8 +257,12 @@ class SocketOutbound:
         """Disconnect a socket just alerted; one whose client does not take what it was sent
         within :data:`DROP_AFTER` is cut off, its queue dropped (nothing else waits for it)."""
         await asyncio.sleep(CLOSE_AFTER)  # a long-polling client fetches the alert meanwhile
-        await self.sio.disconnect(connection.sid)
-        await self.close_transport(connection.eio_sid)
+        if connection.ended is not None:  # an SSE stream: its handler ends it
+            if not connection.ended.done():
+                connection.ended.set_result(None)
+        else:
+            await self.sio.disconnect(connection.sid)
+            await self.close_transport(connection.eio_sid)
         transport = connection.transport
         if transport is None:
             return
@@ -323,6 +332,9 @@ class SocketOutbound:
         self.deadlines.clear()
         if alerted:
             await asyncio.sleep(CLOSE_AFTER)  # long-polling clients fetch their alert meanwhile
+        for connection in list(self.connections.values()):
+            if connection.ended is not None and not connection.ended.done():
+                connection.ended.set_result(None)  # an SSE stream: its handler ends it
         for eio_sid in list(self.sio.eio.sockets):
             await self.close_transport(eio_sid, abort=True)
         await self.sio.shutdown()  # engineio's ping-check task, which would outlive the gateway

@@ -53,7 +53,7 @@ class Writer:
                     return False
                 return socket.enqueue(encoded.decode())
             transport = connection.transport = socket.transport
-            self._bound_kernel_buffer(transport)
+            self.bound_kernel_buffer(transport)
         if transport.is_closing():
             return False
         if transport.get_write_buffer_size() > self.max_buffered_bytes:
@@ -62,7 +62,7 @@ class Writer:
         transport.write(frame if frame is not None else connection.codec.frame(encoded))
         return True
 
-    def _bound_kernel_buffer(self, transport: asyncio.Transport) -> None:
+    def bound_kernel_buffer(self, transport: asyncio.Transport) -> None:
         """Fix a websocket's kernel send buffer to a quarter of ``max_buffered_bytes`` (at most
         256 KiB; Linux doubles it). Left to autotune, it grew to ``tcp_wmem``'s maximum (4 MiB
         by default) for a client that stopped reading before the transport's buffer, the one
@@ -91,8 +91,10 @@ class Writer:
     def buffered(self, connection: Connection) -> int:
         """Bytes written to this connection that its client has not taken yet."""
         socket = connection.socket
-        if socket is None:
-            return 0
+        if socket is None:  # an SSE stream: its transport, if it started
+            return (
+                0 if connection.transport is None else connection.transport.get_write_buffer_size()
+            )
         transport = connection.transport or socket.transport
         if transport is not None:
             return transport.get_write_buffer_size()
