@@ -12,10 +12,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from bow_gateway.outbounds.jwt import mint
 
 from bow_gateway import Bow
 
-from .support import AUTH, PATH, WAIT, Gateway, base_config, standard_bow, token
+from .support import AUTH, PATH, SECRET, WAIT, Gateway, base_config, standard_bow, token
 
 BLOG_42 = [{"blogId": 42}]
 
@@ -243,11 +244,7 @@ async def test_sse_path_none_turns_it_off(
 
 async def _ready(gateway: Gateway, count: int = 1) -> None:
     """Until ``count`` connections are held in the index (a stream is, once it started)."""
-    for _ in range(int(WAIT / 0.01)):
-        if gateway.bow._outbound is not None and gateway.bow._outbound.listener_count() >= count:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{count} listeners were not held in time")
+    await _held(gateway.bow, count)
 
 
 async def _until_streams(gateway: Gateway, count: int) -> None:
@@ -258,3 +255,75 @@ async def _until_streams(gateway: Gateway, count: int) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"{len(outbound.connections)} connections left, not {count}")
+
+
+# -- with settings of their own ----------------------------------------------------------------
+
+
+async def started(start_bow: Callable[[Bow], Awaitable[Bow]], **outbound: Any) -> str:
+    bow = await start_bow(standard_bow(base_config(outbound={"timeout": 5, **outbound})))
+    return f"http://127.0.0.1:{bow.port}"
+
+
+async def test_a_stream_ends_with_4003_at_exp_plus_grace(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> None:
+    url = await started(start_bow, expiry_grace=0.2)
+    expiring = mint("READER", SECRET, ttl=2)
+    async with http.get(url + "/events", params={"token": expiring}) as response:
+        stream = Stream(response)
+        event = await stream.next(timeout=4)
+        assert event["event"] == "alert"  # no 4100 first: a stream cannot re-authenticate
+        assert json.loads(event["data"])["code"] == 4003
+        assert await stream.ended()
+
+
+async def test_only_listed_origins_get_access_control_allow_origin(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> None:
+    app = "https://app.example.com"
+    url = await started(start_bow, cors_origins=[app])
+    for origin, allowed in ((app, app), ("https://evil.example.com", None)):
+        headers = {"Origin": origin, "Authorization": f"Bearer {token('READER')}"}
+        async with http.get(url + "/events", headers=headers) as response:
+            assert response.status == 200
+            assert response.headers.get("Access-Control-Allow-Origin") == allowed
+    async with http.get(url + "/events", headers={"Origin": app}) as response:
+        assert response.status == 401  # refusals carry it too, so that the page can read them
+        assert response.headers.get("Access-Control-Allow-Origin") == app
+
+
+async def test_over_max_sockets_is_503_with_retry_after(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> None:
+    url = await started(start_bow, max_sockets=1)
+    params = {"token": token("READER")}
+    async with http.get(url + "/events", params=params) as first:
+        assert first.status == 200
+        async with http.get(url + "/events", params=params) as second:
+            assert second.status == 503
+            assert second.headers["Retry-After"] == "1"
+            assert (await second.json())["reason"] == "too_many_requests"
+
+
+async def test_a_stopping_instance_sends_4012_then_ends(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> None:
+    bow = await start_bow(standard_bow())
+    url = f"http://127.0.0.1:{bow.port}/events"
+    async with http.get(url, params={"token": token("READER")}) as response:
+        stream = Stream(response)
+        await _held(bow, 1)
+        stopping = asyncio.ensure_future(bow.stop())
+        event = await stream.next()
+        assert (event["event"], json.loads(event["data"])["code"]) == ("alert", 4012)
+        assert await stream.ended()
+        await stopping
+
+
+async def _held(bow: Bow, count: int) -> None:
+    for _ in range(int(WAIT / 0.01)):
+        if bow._outbound is not None and bow._outbound.listener_count() >= count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{count} listeners were not held in time")
