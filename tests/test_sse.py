@@ -4,6 +4,7 @@ free port, aiohttp's client (and ``curl -N``) reading the stream as it comes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import shutil
@@ -327,3 +328,34 @@ async def _held(bow: Bow, count: int) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"{count} listeners were not held in time")
+
+
+async def test_a_stream_whose_client_stops_reading_is_closed_as_slow(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> None:
+    bow = await start_bow(
+        standard_bow(base_config(outbound={"timeout": 5, "max_buffered_bytes": 65_536}))
+    )
+    _, writer = await asyncio.open_connection("127.0.0.1", bow.port)
+    request = f"GET /events?token={token('READER')} HTTP/1.1\r\nHost: gateway\r\n\r\n"
+    writer.write(request.encode())  # and never read again
+    await _held(bow, 1)
+    outbound = bow._outbound
+    assert outbound is not None
+    body = {"name": "big", "audience": [{"__id": "READER"}], "text": "x" * 16_384}
+    url = f"http://127.0.0.1:{bow.port}{PATH}"
+    for _ in range(200):
+        async with http.post(url, json=body, headers=AUTH) as response:
+            assert response.status == 204
+        if not outbound.connections:
+            break
+        await asyncio.sleep(0.005)
+    for _ in range(int(WAIT / 0.01)):
+        if not outbound.connections:
+            break
+        await asyncio.sleep(0.01)
+    assert not outbound.connections
+    assert outbound.metrics.disconnects.labels("slow")._value.get() == 1
+    writer.close()
+    with contextlib.suppress(ConnectionError):
+        await writer.wait_closed()
