@@ -16,6 +16,7 @@ import pytest
 from bow_gateway.outbounds.jwt import mint
 
 from bow_gateway import Bow
+from bow_gateway.outbound import sse
 
 from .support import AUTH, PATH, SECRET, WAIT, Gateway, base_config, standard_bow, token
 
@@ -359,3 +360,13 @@ async def test_a_stream_whose_client_stops_reading_is_closed_as_slow(
     writer.close()
     with contextlib.suppress(ConnectionError):
         await writer.wait_closed()
+
+
+async def test_a_comment_line_keeps_a_quiet_stream_open(
+    open_stream: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sse, "HEARTBEAT", 0.2)
+    monkeypatch.setattr(sse, "SWEEP", 0.05)
+    stream = await open_stream(token("READER"))
+    line = await asyncio.wait_for(stream.response.content.readline(), WAIT)
+    assert line == b":\n"
