@@ -91,6 +91,24 @@ class _InboundSchema(Schema):
     max_batch = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
 
 
+_PREFIX = re.compile(r"(/[A-Za-z0-9._~!$&'()*+,;=:@%-]+)+")
+
+
+def _check_prefix(prefix: str) -> None:
+    if prefix == "/" or not _PREFIX.fullmatch(prefix):
+        raise ValidationError(
+            "must be a path like /_bow: starting with '/', not '/' alone, without an empty "
+            "segment, a trailing '/', a query or spaces"
+        )
+    if prefix == "/socket.io" or prefix.startswith("/socket.io/"):
+        raise ValidationError("must not be under /socket.io/, which needs no credentials")
+
+
+def _check_sse_path(path: str) -> None:
+    if path:  # "" (an empty BOW_OUTBOUND_SSE_PATH, or in a TOML file) turns it off, as None
+        _check_prefix(path)
+
+
 class _OutboundSchema(Schema):
     timeout = fields.Float(
         required=True, validate=validate.Range(min=0, min_inclusive=False, error="must be positive")
@@ -118,6 +136,7 @@ class _OutboundSchema(Schema):
     )
     max_authenticates_per_minute = fields.Integer(load_default=12, validate=validate.Range(min=1))
     max_filters = fields.Integer(load_default=100, validate=validate.Range(min=1))
+    sse_path = fields.String(load_default="/events", allow_none=True, validate=_check_sse_path)
 
 
 class _RecoverySchema(Schema):
@@ -132,19 +151,6 @@ class _RecoverySchema(Schema):
         load_default=30.0,
         validate=validate.Range(min=0, min_inclusive=False, error="must be positive"),
     )
-
-
-_PREFIX = re.compile(r"(/[A-Za-z0-9._~!$&'()*+,;=:@%-]+)+")
-
-
-def _check_prefix(prefix: str) -> None:
-    if prefix == "/" or not _PREFIX.fullmatch(prefix):
-        raise ValidationError(
-            "must be a path like /_bow: starting with '/', not '/' alone, without an empty "
-            "segment, a trailing '/', a query or spaces"
-        )
-    if prefix == "/socket.io" or prefix.startswith("/socket.io/"):
-        raise ValidationError("must not be under /socket.io/, which needs no credentials")
 
 
 class _ApiSchema(Schema):
@@ -241,6 +247,8 @@ class Config:
     max_sockets_per_id: int = 100
     max_authenticates_per_minute: int = 12
     max_filters: int = 100
+    sse_path: str | None = "/events"
+    """The Server-Sent Events endpoint (``GET``); None (or ``""``): none."""
     recovery_enabled: bool = True
     recovery_max_age: float = 120.0
     recovery_max_count: int = 10_000
@@ -312,6 +320,7 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         max_sockets_per_id=data["outbound"]["max_sockets_per_id"],
         max_authenticates_per_minute=data["outbound"]["max_authenticates_per_minute"],
         max_filters=data["outbound"]["max_filters"],
+        sse_path=data["outbound"]["sse_path"] or None,
         recovery_enabled=data["recovery"]["enabled"],
         recovery_max_age=data["recovery"]["max_age"],
         recovery_max_count=data["recovery"]["max_count"],

@@ -35,7 +35,8 @@ class Kept:
     key: tuple[int, ...]
     message: MessageEvent | None  # None: a control event, or a message never replayed
     at: float  # time.time() when it was accepted
-    packet: bytes | None = None  # the message as replayed, encoded once for every socket
+    # the message as replayed, encoded once per codec (by name) for every socket
+    packets: dict[str, bytes] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,9 +45,40 @@ def app_runner(app: web.Application, *, timeout: float = 10.0) -> web.AppRunner:
     )
 
 
+class HandshakeLimits:
+    """``outbound.max_sockets`` and ``outbound.max_connects_per_second`` for an instance as a
+    whole: every endpoint that opens a connection (Socket.IO, SSE) shares one bucket."""
+
+    def __init__(
+        self,
+        open_connections: Callable[[], int],
+        *,
+        max_connections: int = 20_000,
+        per_second: float = 500.0,
+    ) -> None:
+        self._open_connections = open_connections
+        self._max_connections = max_connections
+        self._per_second = per_second
+        self._bucket = TokenBucket(per_second, 2 * per_second)
+        self._refused = 0.0
+
+    def refusal(self) -> str | None:
+        """Why a new connection is refused now (logged once a second at most), or None."""
+        if self._open_connections() >= self._max_connections:
+            why = f"{self._max_connections} connections are open"
+        elif not self._bucket.take():
+            why = f"over {self._per_second:g} new connections a second"
+        else:
+            return None
+        if time.monotonic() - self._refused > 1:  # one line a second at most
+            logger.warning("refusing new connections: %s", why)
+        self._refused = time.monotonic()
+        return why
+
+
 def handshake_limits(
     handler: Handler,
-    open_connections: Callable[[], int],
+    open_connections: Callable[[], int] | HandshakeLimits,
     *,
     max_connections: int = 20_000,
     per_second: float = 500.0,
@@ -57,22 +88,20 @@ def handshake_limits(
     or past ``per_second`` handshakes a second (bursts of twice that): what a client costs before
     it authenticates is bounded for the instance as a whole, not only per connection. A wrapper
     of that one route rather than a middleware, which every request would pay for."""
-    bucket = TokenBucket(per_second, 2 * per_second)
-    refused = 0.0
+    limits = (
+        open_connections
+        if isinstance(open_connections, HandshakeLimits)
+        else HandshakeLimits(
+            open_connections, max_connections=max_connections, per_second=per_second
+        )
+    )
 
     async def guarded(request: web.Request) -> web.StreamResponse:
-        nonlocal refused
         if "sid" in request.query:
             return await handler(request)
-        if open_connections() >= max_connections:
-            why = f"{max_connections} connections are open"
-        elif not bucket.take():
-            why = f"over {per_second:g} new connections a second"
-        else:
+        why = limits.refusal()
+        if why is None:
             return await handler(request)
-        if time.monotonic() - refused > 1:  # one line a second at most
-            logger.warning("refusing new connections: %s", why)
-        refused = time.monotonic()
         raise web.HTTPServiceUnavailable(
             text=f"503: {why}: retry later", headers={hdrs.RETRY_AFTER: "1"}
         )

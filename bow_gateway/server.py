@@ -18,7 +18,7 @@ from .criteria import ID_KEY, ListenerId, validate_criteria
 from .enrichers import Enrichers
 from .gc_freeze import freeze_after_connects, release_closed_transports
 from .history import History
-from .http_server import app_runner, handshake_limits
+from .http_server import HandshakeLimits, app_runner, handshake_limits
 from .inbound import basic_auth, health_handler, message_handler
 from .index import CriteriaIndex
 from .message import (
@@ -27,6 +27,7 @@ from .message import (
 )
 from .metrics import Metrics
 from .outbound import Settings, SocketOutbound, normalise_version
+from .outbound.sse import SseEndpoint
 from .plugins import (
     AsyncClosable,
     CreateCriteriaFromListenerDetails,
@@ -279,6 +280,8 @@ class Bow:
         outbound = self._outbound
         assert outbound is not None
         open_paths = {HEALTH_PATH}
+        if config.sse_path is not None:
+            open_paths.add(config.sse_path)  # a listener's token, not the inbound's credentials
         if config.metrics_port is None and not config.metrics_auth:
             open_paths.add(METRICS_PATH)
         app = web.Application(
@@ -325,15 +328,19 @@ class Bow:
         )
         if config.metrics_port is None:
             app.router.add_get(METRICS_PATH, self.metrics.handle)
-        # python-socketio's attach(), with the handshake limits around its handler
-        socketio_handler = handshake_limits(
-            outbound.sio.handle_request,
+        # python-socketio's attach(), with the handshake limits around its handler; an SSE
+        # stream is a new connection too, under the same limits
+        limits = HandshakeLimits(
             lambda: outbound.open_connections,
             max_connections=config.max_sockets,
             per_second=config.max_connects_per_second,
         )
+        socketio_handler = handshake_limits(outbound.sio.handle_request, limits)
         for method in ("GET", "POST", "OPTIONS"):
             app.router.add_route(method, SOCKETIO_PATH, socketio_handler)
+        if config.sse_path is not None:
+            sse = SseEndpoint(outbound, limits, cors_origins=config.cors_origins)
+            app.router.add_get(config.sse_path, sse.handle)
         return app
 
     async def _serve(self, app: web.Application, port: int) -> int:

@@ -119,6 +119,43 @@ class Authenticator:
         if replay:
             await outbound.writer.replay(connection)
 
+    # -- for the SSE outbound, which authenticates once, before its stream starts -----------
+
+    async def criteria_for(
+        self, connection: Connection, token: Any
+    ) -> tuple[Mapping[str, Any] | None, Criteria]:
+        """Listener details and criteria for ``token`` (None: anonymous), or :class:`Refusal`."""
+        return await self._criteria_for(connection, token)
+
+    async def take_place(self, connection: Connection, listener_id: ListenerId) -> bool:
+        """A place among the id's sockets (``max_sockets_per_id``), else 4009 and False."""
+        return await self._take_place(connection, listener_id)
+
+    def hold(
+        self,
+        connection: Connection,
+        listener_id: ListenerId | None,
+        details: Mapping[str, Any] | None,
+        criteria: Criteria,
+    ) -> None:
+        """Index the connection under its criteria and arm its expiry."""
+        self._index(connection, listener_id, details, criteria)
+
+    def refreshes(self, middleware_version: str) -> int:
+        """Refreshes begun so far (read before the user's functions run, for :meth:`share`)."""
+        return self._refreshes.get(middleware_version, 0)
+
+    async def share(
+        self,
+        connection: Connection,
+        listener_id: ListenerId,
+        criteria: Criteria,
+        refreshes: int,
+        basis: str | None,
+    ) -> None:
+        """Give every instance the listener's criteria (all its sockets take them)."""
+        await self._share(connection, listener_id, criteria, refreshes, basis)
+
     async def _share(
         self,
         connection: Connection,

@@ -1,15 +1,89 @@
 """Socket.IO packets as the outbound writes them, encoded once (protocol 1 is Bow's wire;
-protocol 2 adds ``meta`` to events, a result to acks and ``info`` to alerts)."""
+protocol 2 adds ``meta`` to events, a result to acks and ``info`` to alerts), and the
+:class:`Codec` protocol that delivery frames a message with, once per codec."""
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from ..codes import Code
 from ..message import Message, dumps
+from ..seams import websocket_frame
 
 POSITION_EVENT: Final = "__position"
 GAP_EVENT: Final = "__gap"
+
+# What a codec makes of a message at a position, once for all its connections: the packet (as
+# queued behind a replay or for a long-polling client) and the bytes written to a transport.
+Encoded = tuple[bytes, bytes]
+
+
+class Codec(Protocol):
+    """How one wire protocol frames what the core writes: a message at a position (once per
+    message, whatever the number of connections), alerts, ``__gap`` and ``__position``."""
+
+    name: str
+    positioned: bool  # its connections are told positions (recovery, __gap, __position)
+    reauthenticates: bool  # its clients can authenticate again (4100 before 4003 at expiry)
+
+    def message(self, message: Message, position: str) -> Encoded:
+        """A delivered message: its packet and the exact bytes written to a transport."""
+        ...
+
+    def replayed(self, message: Message, position: str) -> bytes:
+        """A message replayed by a recovery, as a packet."""
+        ...
+
+    def frame(self, packet: bytes) -> bytes:
+        """The bytes written to a transport for one packet."""
+        ...
+
+    def alert(
+        self, code: Code, text: str, *, fatal: bool = True, reconnect: str | None = None
+    ) -> bytes:
+        """An alert packet: ``code`` and why."""
+        ...
+
+    def gateway_event(self, name: str, meta: dict[str, Any]) -> bytes:
+        """``__gap`` or ``__position`` as a packet."""
+        ...
+
+
+class SocketIO:
+    """Socket.IO EVENTs on ``/``, written to a websocket as Engine.IO MESSAGE frames."""
+
+    __slots__ = ("name", "positioned", "proto", "reauthenticates")
+
+    def __init__(self, proto: int) -> None:
+        self.proto = proto
+        self.name = f"socketio{proto}"
+        self.positioned = self.reauthenticates = proto == 2
+
+    def message(self, message: Message, position: str) -> Encoded:
+        packet = positioned_event(message, position) if self.positioned else event(message)
+        return packet, websocket_frame(b"4" + packet)
+
+    def replayed(self, message: Message, position: str) -> bytes:
+        return positioned_event(message, position, replayed=True)
+
+    def frame(self, packet: bytes) -> bytes:
+        return websocket_frame(b"4" + packet)  # an Engine.IO MESSAGE
+
+    def alert(
+        self, code: Code, text: str, *, fatal: bool = True, reconnect: str | None = None
+    ) -> bytes:
+        return alert(self.proto, code, text, fatal=fatal, reconnect=reconnect)
+
+    def gateway_event(self, name: str, meta: dict[str, Any]) -> bytes:
+        return gateway_event(name, meta)
+
+
+PROTOCOL_1: Final = SocketIO(1)
+PROTOCOL_2: Final = SocketIO(2)
+
+
+def socketio_codec(proto: int) -> SocketIO:
+    return PROTOCOL_2 if proto == 2 else PROTOCOL_1
 
 
 def event(message: Message) -> bytes:

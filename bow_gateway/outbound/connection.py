@@ -13,6 +13,7 @@ from ..index import IndexKey
 from ..plugins import OutboundPlugin
 from ..ratelimit import TokenBucket, rate_limited
 from ..seams import LeanSocket
+from .codec import Codec, socketio_codec
 
 # A line or two per connection: rate-limited, since clients choose how many connections to open
 logger = rate_limited("bow_gateway.outbound", rate=50.0, burst=500.0)
@@ -35,7 +36,7 @@ class Settings:
 
 
 class Connection:
-    """One Socket.IO connection, from connect to disconnect."""
+    """One connection, from connect to disconnect: Socket.IO unless its ``codec`` says otherwise."""
 
     __slots__ = (
         "authenticates",
@@ -44,8 +45,10 @@ class Connection:
         "busy",
         "claimed",
         "closing",
+        "codec",
         "details",
         "eio_sid",
+        "ended",
         "exp",
         "key",
         "listener_id",
@@ -69,11 +72,14 @@ class Connection:
         proto: int = 1,
         socket: LeanSocket | None = None,
         authenticates_per_minute: int = 12,
+        codec: Codec | None = None,
     ) -> None:
         self.sid = sid
         self.eio_sid = eio_sid
         self.outbound = outbound
         self.proto = proto
+        # How what is delivered to it is framed: one codec per wire protocol, shared
+        self.codec: Codec = codec if codec is not None else socketio_codec(proto)
         self.socket = socket
         self.key: IndexKey | None = None  # in the index under it once authenticated
         self.listener_id: ListenerId | None = None  # None while anonymous
@@ -92,6 +98,8 @@ class Connection:
         self.backlog: deque[bytes] | None = None
         self.backlog_bytes = 0
         self.replaying = 0  # how many of the first packets of the backlog are the replay's
+        # An SSE stream's: done when the gateway ends it (or its client went)
+        self.ended: asyncio.Future[None] | None = None
 
     @property
     def authenticated(self) -> bool:

@@ -1,21 +1,22 @@
 """Delivery: each backplane event applied to this instance's sockets, in order.
 
-A message is resolved once, encoded once per protocol (protocol 2 adds its position), and the
-same bytes are written to every matching socket; control events replace criteria or kick.
+A message is resolved once, encoded once per codec (the connection's wire protocol: Socket.IO
+protocol 1 or 2, ...), and the same bytes are written to every matching connection of that codec;
+control events replace criteria or kick.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Final
+from typing import Any, Final
 
 from .. import codes
 from ..criteria import ID_KEY, ListenerId
 from ..index import Query
 from ..message import DISCONNECT, CriteriaEvent, Event, KickEvent, MessageEvent, SetCriteriaEvent
-from ..seams import websocket_frame
 from . import codec
+from .codec import Codec, Encoded
 from .connection import Connection, logger
 from .parts import Sockets
 
@@ -98,22 +99,29 @@ class Delivery:
                     connection.closing = "disconnect message"
                     self._outbound.spawn(self._outbound.disconnect_soon(connection))
             return
-        encoded = codec.event(message)
-        frame = websocket_frame(b"4" + encoded)  # an Engine.IO MESSAGE
-        positioned: bytes | None = None
-        positioned_frame = b""
+        # Encoded once per codec (not per connection); connections of one codec usually come
+        # in runs, so the cache is looked up only when the codec changes.
+        encodings: dict[Codec, Encoded] = {}
+        last: Codec | None = None
+        positioned = False
+        encoded = frame = b""
         write = self._outbound.writer.write
         written = 0
         now = time.monotonic()
         for connection in connections:
-            if connection.proto == 2:
-                if positioned is None:
-                    positioned = codec.positioned_event(message, position)
-                    positioned_frame = websocket_frame(b"4" + positioned)
+            connection_codec = connection.codec
+            if connection_codec is not last:
+                last = connection_codec
+                positioned = connection_codec.positioned
+                cached = encodings.get(connection_codec)
+                if cached is None:
+                    cached = encodings[connection_codec] = connection_codec.message(
+                        message, position
+                    )
+                encoded, frame = cached
+            if positioned:
                 connection.positioned_at = now
-                if not write(connection, positioned, positioned_frame):
-                    continue
-            elif not write(connection, encoded, frame):
+            if not write(connection, encoded, frame):
                 continue
             written += 1
             if written % YIELD_EVERY == 0:
@@ -123,10 +131,10 @@ class Delivery:
     def gap(self, position: str, reason: str) -> None:
         """The history broke: every protocol-2 socket gets ``__gap``; protocol 1 cannot be told."""
         self._outbound.metrics.gaps.labels(reason).inc()
-        packet = codec.gateway_event(codec.GAP_EVENT, {"position": position, "reason": reason})
+        packets = _Packets(codec.GAP_EVENT, {"position": position, "reason": reason})
         for connection in list(self._outbound.positioned):
             connection.positioned_at = time.monotonic()
-            self._outbound.writer.write(connection, packet)
+            self._outbound.writer.write(connection, packets[connection.codec])
         others = len(self._outbound.connections) - len(self._outbound.positioned)
         if others:
             logger.warning(
@@ -144,11 +152,24 @@ class Delivery:
             position = self._outbound.history.delivered
             if position is None:
                 continue
-            packet = codec.gateway_event(codec.POSITION_EVENT, {"position": position})
+            packets = _Packets(codec.POSITION_EVENT, {"position": position})
             now = time.monotonic()
             for written, connection in enumerate(list(self._outbound.positioned), 1):
                 if now - connection.positioned_at >= interval:
                     connection.positioned_at = now
-                    self._outbound.writer.write(connection, packet)
+                    self._outbound.writer.write(connection, packets[connection.codec])
                 if written % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
+
+
+class _Packets(dict[Codec, bytes]):
+    """A gateway event (``__gap``, ``__position``) encoded once per codec, on first use."""
+
+    def __init__(self, name: str, meta: dict[str, Any]) -> None:
+        super().__init__()
+        self._name = name
+        self._meta = meta
+
+    def __missing__(self, key: Codec) -> bytes:
+        packet = self[key] = key.gateway_event(self._name, self._meta)
+        return packet

@@ -1,5 +1,6 @@
 """Expiry (section 8): ``exp`` from the listener details, 4100 at ``exp`` on protocol 2, then
-4003 and a disconnect at ``exp + outbound.expiry_grace``; protocol 1 only when configured."""
+4003 and a disconnect at ``exp + outbound.expiry_grace`` (SSE: only the latter, as its client
+cannot re-authenticate); protocol 1 only when configured."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from .. import codes
-from . import codec
 from .connection import Connection
 from .parts import Sockets
 
@@ -56,7 +56,7 @@ class Expiry:
         connection.exp = float(exp)
         loop = asyncio.get_running_loop()
         left = max(0.0, connection.exp - time.time())
-        if connection.proto == 2:
+        if connection.codec.reauthenticates:
             connection.timer = loop.call_later(left, self._refresh_required, connection)
         else:
             grace = self._outbound.settings.expiry_grace
@@ -67,8 +67,7 @@ class Expiry:
         grace = outbound.settings.expiry_grace
         outbound.writer.write(
             connection,
-            codec.alert(
-                2,
+            connection.codec.alert(
                 codes.REFRESH_REQUIRED,
                 f"the token expires: authenticate again within {grace:g} s",
                 fatal=False,

@@ -11,7 +11,7 @@ from ..history import DISABLED, Kept, Recovery
 from ..index import entries_of, matches
 from ..message import Message
 from ..topics import FilterSet
-from . import codec
+from .codec import Codec
 from .connection import Connection
 from .parts import Sockets
 
@@ -68,13 +68,17 @@ def ack_result(
     )
     if recovery.replay:
         outbound.metrics.replayed.inc(len(recovery.replay))
-        result["_replay"] = [_packet(kept) for kept in recovery.replay]
+        result["_replay"] = [_packet(kept, connection.codec) for kept in recovery.replay]
     return result
 
 
-def _packet(kept: Kept) -> bytes:
-    """A kept message as replayed: the same bytes for every socket, encoded once."""
-    if kept.packet is None:
+def _packet(kept: Kept, codec: Codec) -> bytes:
+    """A kept message as replayed: the same bytes for every socket of a codec, encoded once."""
+    packets = kept.packets
+    if packets is None:
+        packets = kept.packets = {}
+    packet = packets.get(codec.name)
+    if packet is None:
         assert kept.message is not None
-        kept.packet = codec.positioned_event(kept.message.message, kept.position, replayed=True)
-    return kept.packet
+        packet = packets[codec.name] = codec.replayed(kept.message.message, kept.position)
+    return packet

@@ -28,7 +28,6 @@ from ..metrics import Metrics
 from ..plugins import CreateCriteriaFromListenerDetails, OutboundPlugin
 from ..seams import LeanSocket, socketio_server
 from ..topics import TopicIndex
-from . import codec
 from .authentication import Authenticator
 from .connection import Connection, Settings, logger
 from .delivery import Delivery
@@ -100,6 +99,11 @@ class SocketOutbound:
         )
         self.authenticator = Authenticator(self, claim=claim, release=release)
         self.delivery = Delivery(self)
+
+    @property
+    def outbounds(self) -> Mapping[str, OutboundPlugin]:
+        """The outbounds served, by normalised version."""
+        return self._outbounds
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         """Run a per-socket job in the background, keeping a reference until it ends; one that
@@ -198,7 +202,7 @@ class SocketOutbound:
         self.indices[connection.outbound.middleware_version].add(connection, key, criteria)
         connection.key = key
         self.metrics.sockets_authenticated.labels(connection.outbound.version).inc()
-        if connection.proto == 2:
+        if connection.codec.positioned:
             self.positioned.add(connection)
             connection.positioned_at = time.monotonic()
 
@@ -246,17 +250,19 @@ class SocketOutbound:
         self.metrics.limit_hits.labels(str(code.code)).inc()
         logger.info("closing socket %s: %s: %s", connection.sid, code.reason, text)
         connection.backlog = None  # what waits behind a replay is dropped with the socket
-        self.writer.write_alert(
-            connection, codec.alert(connection.proto, code, text, reconnect=reconnect)
-        )
+        self.writer.write_alert(connection, connection.codec.alert(code, text, reconnect=reconnect))
         self.spawn(self.disconnect_soon(connection))
 
     async def disconnect_soon(self, connection: Connection) -> None:
         """Disconnect a socket just alerted; one whose client does not take what it was sent
         within :data:`DROP_AFTER` is cut off, its queue dropped (nothing else waits for it)."""
         await asyncio.sleep(CLOSE_AFTER)  # a long-polling client fetches the alert meanwhile
-        await self.sio.disconnect(connection.sid)
-        await self.close_transport(connection.eio_sid)
+        if connection.ended is not None:  # an SSE stream: its handler ends it
+            if not connection.ended.done():
+                connection.ended.set_result(None)
+        else:
+            await self.sio.disconnect(connection.sid)
+            await self.close_transport(connection.eio_sid)
         transport = connection.transport
         if transport is None:
             return
@@ -316,10 +322,9 @@ class SocketOutbound:
         for connection in list(self.connections.values()):
             if connection.closing is None:
                 connection.closing = "shutdown"
-            if connection.proto == 2:  # protocol 1 sees a clean close, as in Bow
+            if connection.codec.positioned:  # protocol 1 sees a clean close, as in Bow
                 self.writer.write_alert(
-                    connection,
-                    codec.alert(connection.proto, codes.SHUTDOWN, "this instance is stopping"),
+                    connection, connection.codec.alert(codes.SHUTDOWN, "this instance is stopping")
                 )
             self.authenticator.forget(connection)
         for deadline in self.deadlines.values():
@@ -327,6 +332,9 @@ class SocketOutbound:
         self.deadlines.clear()
         if alerted:
             await asyncio.sleep(CLOSE_AFTER)  # long-polling clients fetch their alert meanwhile
+        for connection in list(self.connections.values()):
+            if connection.ended is not None and not connection.ended.done():
+                connection.ended.set_result(None)  # an SSE stream: its handler ends it
         for eio_sid in list(self.sio.eio.sockets):
             await self.close_transport(eio_sid, abort=True)
         await self.sio.shutdown()  # engineio's ping-check task, which would outlive the gateway

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from socket import AF_INET, AF_INET6, SO_SNDBUF, SOL_SOCKET
 from typing import Final
 
-from ..seams import websocket_frame
 from .connection import Connection
 
 REPLAY_LOW_WATER: Final = 65_536  # a replay writes on while the socket buffers less than this
@@ -17,8 +16,8 @@ KERNEL_BUFFER_MAX: Final = 262_144  # the most of a websocket's send buffer left
 
 
 class Writer:
-    """Writes encoded Socket.IO packets to connections; ``slow(connection)`` when one is over
-    ``max_buffered_bytes``."""
+    """Writes encoded packets to connections (framed by their codec); ``slow(connection)``
+    when one is over ``max_buffered_bytes``."""
 
     def __init__(
         self,
@@ -54,16 +53,16 @@ class Writer:
                     return False
                 return socket.enqueue(encoded.decode())
             transport = connection.transport = socket.transport
-            self._bound_kernel_buffer(transport)
+            self.bound_kernel_buffer(transport)
         if transport.is_closing():
             return False
         if transport.get_write_buffer_size() > self.max_buffered_bytes:
             self._slow(connection)
             return False
-        transport.write(frame if frame is not None else websocket_frame(b"4" + encoded))
+        transport.write(frame if frame is not None else connection.codec.frame(encoded))
         return True
 
-    def _bound_kernel_buffer(self, transport: asyncio.Transport) -> None:
+    def bound_kernel_buffer(self, transport: asyncio.Transport) -> None:
         """Fix a websocket's kernel send buffer to a quarter of ``max_buffered_bytes`` (at most
         256 KiB; Linux doubles it). Left to autotune, it grew to ``tcp_wmem``'s maximum (4 MiB
         by default) for a client that stopped reading before the transport's buffer, the one
@@ -92,8 +91,10 @@ class Writer:
     def buffered(self, connection: Connection) -> int:
         """Bytes written to this connection that its client has not taken yet."""
         socket = connection.socket
-        if socket is None:
-            return 0
+        if socket is None:  # an SSE stream: its transport, if it started
+            return (
+                0 if connection.transport is None else connection.transport.get_write_buffer_size()
+            )
         transport = connection.transport or socket.transport
         if transport is not None:
             return transport.get_write_buffer_size()
@@ -125,11 +126,12 @@ class Writer:
                     else:
                         connection.backlog_bytes -= len(encoded)
                     if transport is not None:  # a websocket: many frames, one write
-                        frames = [websocket_frame(b"4" + encoded)]
+                        frame = connection.codec.frame
+                        frames = [frame(encoded)]
                         room -= len(frames[0])
                         while backlog and room > 0 and connection.replaying:
                             connection.replaying -= 1
-                            frames.append(websocket_frame(b"4" + backlog.popleft()))
+                            frames.append(frame(backlog.popleft()))
                             room -= len(frames[-1])
                         if transport.is_closing():
                             return

@@ -1,0 +1,322 @@
+"""The Server-Sent Events outbound (``clients.md`` section 13): ``GET {outbound.sse_path}``.
+
+A stream is a :class:`~.connection.Connection` of the :class:`SseCodec`, authenticated once (no
+re-authentication), held in the index like a protocol-2 socket (criteria, topic filters, the
+per-id limit, kicks, counts), and written to by delivery like any other: each message is encoded
+once per codec, chunk framing included, and the same bytes go straight to every stream's
+transport. Refusals before the stream are JSON ``{"code", "reason", "reconnect"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections import deque
+from typing import TYPE_CHECKING, Any, Final
+
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
+
+from .. import codes
+from ..codes import Code
+from ..http_server import HandshakeLimits
+from ..message import Message, dumps
+from ..topics import parse_filter
+from .codec import GAP_EVENT, Encoded
+from .connection import Connection, logger
+from .expiry import Refusal
+from .recovery import ack_result
+
+if TYPE_CHECKING:
+    from .sockets import SocketOutbound
+
+HEARTBEAT: Final = 15.0  # seconds between two comment lines on every stream
+SWEEP: Final = 1.0  # seconds between two looks for streams whose client went
+HEARTBEAT_PACKET: Final = b":\n\n"
+
+
+class SseCodec:
+    """``text/event-stream`` events; ``chunked``: each framed as one HTTP/1.1 chunk, since the
+    bytes go to the transport around aiohttp's writer (framed once per message, not per stream)."""
+
+    __slots__ = ("chunked", "name", "positioned", "reauthenticates")
+
+    def __init__(self, *, chunked: bool) -> None:
+        self.chunked = chunked
+        self.name = "sse-chunked" if chunked else "sse"
+        self.positioned = True
+        self.reauthenticates = False
+
+    def message(self, message: Message, position: str) -> Encoded:
+        packet = self.replayed(message, position)
+        return packet, self.frame(packet)
+
+    def replayed(self, message: Message, position: str) -> bytes:
+        return b"id: %s\nevent: %s\ndata: %s\n\n" % (
+            position.encode(),
+            _field(message.name),
+            dumps(message.payload),
+        )
+
+    def frame(self, packet: bytes) -> bytes:
+        if not self.chunked:
+            return packet
+        return b"%x\r\n%s\r\n" % (len(packet), packet)
+
+    def alert(
+        self, code: Code, text: str, *, fatal: bool = True, reconnect: str | None = None
+    ) -> bytes:
+        data = {"code": code.code, "reason": code.reason, "text": text}
+        return b"event: alert\ndata: " + dumps(data) + b"\n\n"
+
+    def gateway_event(self, name: str, meta: dict[str, Any]) -> bytes:
+        """``__gap``: an event whose id moves the client on; ``__position``: the id alone (an
+        event without data is not dispatched, but it sets ``lastEventId``)."""
+        position = str(meta.get("position") or "").encode()
+        head = b"id: %s\n" % position if position else b""
+        if name != GAP_EVENT:
+            return head + b"\n" if head else HEARTBEAT_PACKET
+        return head + b"event: %s\ndata: %s\n\n" % (name.encode(), dumps(meta))
+
+
+SSE_CHUNKED: Final = SseCodec(chunked=True)
+SSE_PLAIN: Final = SseCodec(chunked=False)
+
+
+def _field(name: str) -> bytes:
+    """A name on one line: a CR or LF in it would end the field (JSON-escaped then)."""
+    if "\n" in name or "\r" in name:
+        return json.dumps(name, ensure_ascii=False)[1:-1].encode()
+    return name.encode()
+
+
+class SseEndpoint:
+    """The handler of ``GET {outbound.sse_path}`` for a :class:`~.sockets.SocketOutbound`."""
+
+    def __init__(
+        self,
+        outbound: SocketOutbound,
+        limits: HandshakeLimits,
+        *,
+        cors_origins: list[str] | None = None,
+    ) -> None:
+        self._outbound = outbound
+        self._limits = limits
+        self._origins = set(cors_origins or [])
+        self._streams: set[Connection] = set()
+        self._sweeping = False
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        outbound = self._outbound
+        cors = self._cors(request)
+        why = self._limits.refusal()
+        if why is not None:
+            return _refusal(codes.TOO_MANY_REQUESTS, 503, why, cors, {hdrs.RETRY_AFTER: "1"})
+        plugins = outbound.outbounds
+        asked = request.query.get("v")
+        if asked is None and len(plugins) == 1:
+            plugin = next(iter(plugins.values()))
+        elif not asked:
+            return _refusal(codes.UNKNOWN_VERSION, 404, "no outbound version: ask with ?v=", cors)
+        else:
+            found = plugins.get(asked.removeprefix("v"))
+            if found is None:
+                known = ", ".join(sorted(p.version for p in plugins.values())) or "none"
+                text = f"unknown outbound version {asked[:64]!r}: this gateway serves {known}"
+                return _refusal(codes.UNKNOWN_VERSION, 404, text, cors)
+            plugin = found
+        filters = request.query.getall("topic", [])
+        try:
+            for text in filters:
+                parse_filter(text)
+        except ValueError as error:
+            return _refusal(codes.BAD_REQUEST, 400, f"topic: {error}", cors)
+        if len(set(filters)) > outbound.settings.max_filters:
+            text = f"at most {outbound.settings.max_filters} topic filters (outbound.max_filters)"
+            return _refusal(codes.BAD_REQUEST, 400, text, cors)
+        token = _token(request)
+        if token is None and plugin.anonymous_criteria is None:
+            text = "no token: send Authorization: Bearer or the token query parameter"
+            return _refusal(codes.AUTH_REFUSED, 401, text, cors)
+        since = request.headers.get("Last-Event-ID") or request.query.get("lastEventId")
+        sid = "sse-" + secrets.token_urlsafe(12)
+        chunked = request.version == HttpVersion11
+        connection = Connection(
+            sid, sid, plugin, proto=2, codec=SSE_CHUNKED if chunked else SSE_PLAIN
+        )
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        connection.ended = ended
+        connection.backlog = deque()  # what is delivered before the stream starts waits
+        outbound.connections[sid] = connection
+        outbound.open_connections += 1
+        outbound.metrics.connections_open.inc()
+        outbound.metrics.sockets_connected.labels(plugin.version).inc()
+        try:
+            return await self._serve(request, connection, ended, token, filters, since, cors)
+        finally:
+            self._forget(connection)
+
+    async def _serve(
+        self,
+        request: web.Request,
+        connection: Connection,
+        ended: asyncio.Future[None],
+        token: str | None,
+        filters: list[str],
+        since: str | None,
+        cors: dict[str, str],
+    ) -> web.StreamResponse:
+        outbound = self._outbound
+        authenticator = outbound.authenticator
+        version = connection.outbound.version
+        basis = outbound.history.last
+        refreshes = authenticator.refreshes(connection.outbound.middleware_version)
+        try:
+            details, criteria = await authenticator.criteria_for(connection, token)
+        except Refusal as refusal:
+            outbound.metrics.authentications.labels(version, "refused").inc()
+            status = 401 if refusal.code in (codes.AUTH_REFUSED, codes.TOKEN_EXPIRED) else 400
+            return _refusal(refusal.code, status, str(refusal), cors)
+        listener_id = None if details is None else details["id"]
+        if listener_id is not None and not await authenticator.take_place(connection, listener_id):
+            limit = outbound.settings.max_sockets_per_id
+            text = f"listener already has {limit} sockets"
+            return _refusal(codes.TOO_MANY_SOCKETS, 503, text, cors, {hdrs.RETRY_AFTER: "1"})
+        if connection.closing is not None:  # the instance stops
+            return _refusal(codes.SHUTDOWN, 503, "this instance is stopping", cors)
+        response = web.StreamResponse(
+            headers={
+                hdrs.CONTENT_TYPE: "text/event-stream",
+                hdrs.CACHE_CONTROL: "no-cache",
+                "X-Accel-Buffering": "no",
+                **cors,
+            }
+        )
+        if connection.codec is SSE_CHUNKED:
+            response.enable_chunked_encoding()
+        await response.prepare(request)
+        connection.transport = request.transport
+        if connection.transport is None or connection.closing is not None:
+            return response
+        outbound.writer.bound_kernel_buffer(connection.transport)
+        # From here to the replay, nothing awaits: no delivery comes in between.
+        topics = outbound.topics[connection.outbound.middleware_version]
+        for text in filters:
+            topics.add(connection, text)
+        if listener_id is not None:
+            control = outbound.history.changes.control_after(basis, listener_id)
+            if control is not None and control[0] == "kick":
+                kick = control[1]
+                outbound.close(
+                    connection, codes.KICKED, kick.reason or "kicked", reconnect=kick.reconnect
+                )
+                await ended
+                return response
+            if control is not None:
+                criteria = {**control[1], "__id": listener_id}
+        authenticator.hold(connection, listener_id, details, criteria)
+        options = {} if since is None else {"since": since}
+        result = ack_result(outbound, connection, listener_id, criteria, options) or {}
+        replay: list[bytes] = result.pop("_replay", None) or []
+        pending = connection.backlog or deque()
+        if result.get("recovered") is False:
+            gap = {"position": result["position"], "reason": result["reason"]}
+            replay.insert(0, connection.codec.gateway_event(GAP_EVENT, gap))
+        outbound.writer.begin_replay(connection, replay)
+        if pending:
+            assert connection.backlog is not None
+            connection.backlog.extend(pending)
+            connection.backlog_bytes = sum(len(packet) for packet in pending)
+        outbound.metrics.authentications.labels(version, "accepted").inc()
+        logger.info("SSE stream %s opened for listener %r", connection.sid, listener_id)
+        self._streams.add(connection)
+        if not self._sweeping:
+            self._sweeping = True
+            outbound.spawn(self._sweep())  # cancelled by close_all, with the sockets' jobs
+        if listener_id is not None:
+            await authenticator.share(connection, listener_id, criteria, refreshes, basis)
+        await outbound.writer.replay(connection)
+        if connection.transport.is_closing():
+            return response
+        await ended
+        return response
+
+    def _forget(self, connection: Connection) -> None:
+        """The stream ended (the gateway closed it, or its client went): as a disconnect."""
+        outbound = self._outbound
+        self._streams.discard(connection)
+        if outbound.connections.pop(connection.sid, None) is None:
+            return
+        outbound.open_connections -= 1
+        outbound.metrics.connections_open.dec()
+        outbound.metrics.sockets_connected.labels(connection.outbound.version).dec()
+        outbound.authenticator.forget(connection)
+        outbound.topics[connection.outbound.middleware_version].discard(connection)
+        why = connection.closing or "client gone"
+        connection.closing = why
+        connection.backlog = None
+        outbound.metrics.disconnects.labels(why).inc()
+        logger.info("SSE stream %s ended: %s", connection.sid, why)
+        if connection.ended is not None and not connection.ended.done():
+            connection.ended.set_result(None)
+
+    async def _sweep(self) -> None:
+        """Forever, while streams are open: end those whose client went (each second), and
+        write a comment line to every stream each :data:`HEARTBEAT` seconds."""
+        try:
+            await self._sweeping_loop()
+        finally:
+            self._sweeping = False
+
+    async def _sweeping_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        beat = loop.time() + HEARTBEAT
+        while self._streams:
+            await asyncio.sleep(SWEEP)
+            heartbeat = loop.time() >= beat
+            if heartbeat:
+                beat = loop.time() + HEARTBEAT
+            for connection in list(self._streams):
+                transport = connection.transport
+                if transport is None or transport.is_closing():
+                    if connection.closing is None:
+                        connection.closing = "client gone"
+                    if connection.ended is not None and not connection.ended.done():
+                        connection.ended.set_result(None)
+                elif heartbeat:
+                    self._outbound.writer.write(connection, HEARTBEAT_PACKET)
+
+    def _cors(self, request: web.Request) -> dict[str, str]:
+        """``Access-Control-Allow-Origin`` for an allowed origin (``outbound.cors_origins``)."""
+        origin = request.headers.get(hdrs.ORIGIN)
+        if origin is None:
+            return {}
+        if "*" in self._origins:
+            return {hdrs.ACCESS_CONTROL_ALLOW_ORIGIN: "*"}
+        if origin in self._origins:
+            return {hdrs.ACCESS_CONTROL_ALLOW_ORIGIN: origin, hdrs.VARY: "Origin"}
+        return {}
+
+
+def _token(request: web.Request) -> str | None:
+    """The bearer token of the ``Authorization`` header, else the ``token`` query parameter."""
+    header = request.headers.get(hdrs.AUTHORIZATION, "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.query.get("token") or None
+
+
+def _refusal(
+    code: Code,
+    status: int,
+    text: str,
+    cors: dict[str, str],
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """A refusal before the stream: ``{"code", "reason", "reconnect"}`` (and why, as text)."""
+    logger.info("refusing an SSE stream: %s", text)
+    return web.json_response(
+        {**code.data(), "text": text}, status=status, headers={**cors, **(headers or {})}
+    )

@@ -1,0 +1,372 @@
+"""The Server-Sent Events outbound (``clients.md`` section 13), end to end: a real gateway on a
+free port, aiohttp's client (and ``curl -N``) reading the stream as it comes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from bow_gateway.outbounds.jwt import mint
+
+from bow_gateway import Bow
+from bow_gateway.outbound import sse
+
+from .support import AUTH, PATH, SECRET, WAIT, Gateway, base_config, standard_bow, token
+
+BLOG_42 = [{"blogId": 42}]
+
+
+class Stream:
+    """One SSE response read event by event (comment lines skipped)."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.response = response
+
+    async def next(self, timeout: float = WAIT) -> dict[str, str]:
+        """The next event's fields (``id``, ``event``, ``data``); {} at the end of the stream."""
+        return await asyncio.wait_for(self._next(), timeout)
+
+    async def _next(self) -> dict[str, str]:
+        fields: dict[str, str] = {}
+        while True:
+            line = await self.response.content.readline()
+            if not line:
+                return fields
+            text = line.decode().rstrip("\n")
+            if text == "":
+                if fields:
+                    return fields
+                continue
+            if text.startswith(":"):
+                continue
+            key, _, value = text.partition(":")
+            fields[key] = value.removeprefix(" ")
+
+    async def ended(self, timeout: float = WAIT) -> bool:
+        return await self.next(timeout) == {}
+
+
+Open = Callable[..., Awaitable[Stream]]
+
+
+@pytest.fixture
+async def open_stream(gateway: Gateway) -> AsyncIterator[Open]:
+    responses: list[aiohttp.ClientResponse] = []
+
+    async def open_(
+        listener_token: str | None = None,
+        *,
+        params: Any = None,
+        headers: dict[str, str] | None = None,
+        status: int = 200,
+    ) -> Stream:
+        query: list[tuple[str, str]] = list(params or [])
+        all_headers = dict(headers or {})
+        if listener_token is not None:
+            all_headers["Authorization"] = f"Bearer {listener_token}"
+        response = await gateway.http.get(
+            gateway.url + "/events", params=query, headers=all_headers
+        )
+        responses.append(response)
+        assert response.status == status, await response.text()
+        if status == 200:
+            assert response.headers["Content-Type"] == "text/event-stream"
+        return Stream(response)
+
+    yield open_
+    for response in responses:
+        response.close()
+
+
+async def push(gateway: Gateway, body: Any) -> str:
+    async with gateway.http.post(gateway.url + PATH, json=body, headers=AUTH) as response:
+        assert response.status == 204, await response.text()
+        return response.headers["Bow-Position"]
+
+
+def data(body: Any) -> str:
+    """The payload's JSON as the stream carries it (this inbound's payload is the whole body)."""
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+
+
+async def test_events_carry_their_positions(gateway: Gateway, open_stream: Open) -> None:
+    stream = await open_stream(token("READER", {"blogId": 42}))
+    await _ready(gateway)
+    one = {"name": "post", "n": 1, "audience": BLOG_42}
+    two = {"name": "post", "n": "é", "audience": BLOG_42}
+    first = await push(gateway, one)
+    await push(gateway, {"name": "other", "audience": [{"blogId": 7}]})
+    second = await push(gateway, two)
+    assert await stream.next() == {"id": first, "event": "post", "data": data(one)}
+    assert await stream.next() == {"id": second, "event": "post", "data": data(two)}
+
+
+async def test_topic_filters_narrow_the_stream(gateway: Gateway, open_stream: Open) -> None:
+    stream = await open_stream(
+        token("READER", {"blogId": 42}), params=[("topic", "quotes/+"), ("topic", "news/#")]
+    )
+    await _ready(gateway)
+    for name in ("quotes/EURUSD", "quotes/a/b", "weather", "news/x/y"):
+        await push(gateway, {"name": name, "audience": BLOG_42})
+    assert (await stream.next())["event"] == "quotes/EURUSD"
+    assert (await stream.next())["event"] == "news/x/y"
+
+
+async def test_last_event_id_recovers_exactly_the_missed_messages(
+    gateway: Gateway, open_stream: Open
+) -> None:
+    reader = token("READER", {"blogId": 42})
+    stream = await open_stream(reader)
+    await _ready(gateway)
+    seen = await push(gateway, {"name": "seen", "audience": BLOG_42})
+    assert (await stream.next())["id"] == seen
+    stream.response.close()
+    await _until_streams(gateway, 0)
+    missed = [await push(gateway, {"name": f"missed-{n}", "audience": BLOG_42}) for n in range(3)]
+    await push(gateway, {"name": "not-mine", "audience": [{"blogId": 7}]})
+    again = await open_stream(reader, headers={"Last-Event-ID": seen})
+    for n, position in enumerate(missed):
+        event = await again.next()
+        assert (event["id"], event["event"]) == (position, f"missed-{n}")
+    live = await push(gateway, {"name": "live", "audience": BLOG_42})
+    assert (await again.next())["id"] == live
+    # lastEventId as a query parameter works the same
+    third = await open_stream(reader, params=[("lastEventId", missed[1])])
+    assert (await third.next())["id"] == missed[2]
+    assert (await third.next())["id"] == live
+
+
+async def test_a_failed_recovery_starts_with_a_gap(gateway: Gateway, open_stream: Open) -> None:
+    stream = await open_stream(token("READER"), headers={"Last-Event-ID": "nonsense"})
+    event = await stream.next()
+    assert event["event"] == "__gap"
+    assert json.loads(event["data"])["reason"] == "unknown_position"
+
+
+@pytest.mark.parametrize(
+    ("params", "headers", "status", "reason"),
+    [
+        ([], {}, 401, "auth_refused"),
+        ([("token", "not-a-jwt")], {}, 401, "auth_refused"),
+        ([], {"Authorization": "Bearer not-a-jwt"}, 401, "auth_refused"),
+        ([("topic", "a/#/b")], None, 400, "bad_request"),
+        ([("topic", "$SYS/x")], None, 400, "bad_request"),
+        ([("v", "v9")], None, 404, "unknown_version"),
+    ],
+)
+async def test_refusals_are_json_before_the_stream(
+    open_stream: Open, params: Any, headers: Any, status: int, reason: str
+) -> None:
+    good = None if headers is not None else token("READER")
+    stream = await open_stream(good, params=params, headers=headers, status=status)
+    body = await stream.response.json()
+    assert body["reason"] == reason
+    assert set(body) >= {"code", "reason", "reconnect"}
+
+
+async def test_a_kick_is_an_alert_then_the_end(gateway: Gateway, open_stream: Open) -> None:
+    stream = await open_stream(token("READER"))
+    await _ready(gateway)
+    await gateway.bow.disconnect(["READER"], "bye")
+    event = await stream.next()
+    assert event["event"] == "alert"
+    assert json.loads(event["data"]) == {"code": 4005, "reason": "kicked", "text": "bye"}
+    assert await stream.ended()
+    await _until_streams(gateway, 0)
+
+
+async def test_a_socketio_client_and_a_stream_get_the_same_messages_in_order(
+    gateway: Gateway, open_stream: Open
+) -> None:
+    stream = await open_stream(token("READER", {"blogId": 42}))
+    client = await gateway.connect("v1.3&proto=2")
+    await client.authenticate_with_ack(token("OTHER", {"blogId": 42}))
+    await _ready(gateway, 2)
+    bodies = [{"name": f"m{n}", "n": n, "audience": BLOG_42} for n in range(5)]
+    positions = [await push(gateway, body) for body in bodies]
+    for body, position in zip(bodies, positions, strict=True):
+        assert await stream.next() == {"id": position, "event": body["name"], "data": data(body)}
+        event, payload = await client.next_event()
+        assert (event, payload) == (body["name"], body)
+
+
+async def test_the_token_is_never_logged(
+    gateway: Gateway, open_stream: Open, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    secret = token("READER")
+    stream = await open_stream(params=[("token", secret)])
+    await _ready(gateway)
+    position = await push(gateway, {"name": "hello", "audience": [{"__id": "READER"}]})
+    assert (await stream.next())["id"] == position
+    refused = await open_stream(params=[("token", secret + "x")], status=401)
+    await refused.response.read()
+    stream.response.close()
+    await _until_streams(gateway, 0)
+    assert caplog.records
+    for record in caplog.records:
+        assert secret not in record.getMessage()
+
+
+async def test_curl_receives_an_event(gateway: Gateway) -> None:
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("curl is not installed")
+    url = f"{gateway.url}/events?token={token('READER')}"
+    process = await asyncio.create_subprocess_exec(curl, "-sN", url, stdout=asyncio.subprocess.PIPE)
+    try:
+        await _ready(gateway)
+        body = {"name": "hi", "audience": [{"__id": "READER"}]}
+        position = await push(gateway, body)
+        assert process.stdout is not None
+        lines = [await asyncio.wait_for(process.stdout.readline(), WAIT) for _ in range(3)]
+        expected = [f"id: {position}\n", "event: hi\n", f"data: {data(body)}\n"]
+        assert [line.decode() for line in lines] == expected
+    finally:
+        process.kill()
+        await process.wait()
+
+
+async def test_sse_path_none_turns_it_off(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> None:
+    config = base_config(outbound={"timeout": 5, "sse_path": None})
+    bow = await start_bow(standard_bow(config))
+    url = f"http://127.0.0.1:{bow.port}/events?token={token('READER')}"
+    async with http.get(url, headers=AUTH) as response:  # past the inbound's Basic Auth
+        assert response.status == 404
+
+
+async def _ready(gateway: Gateway, count: int = 1) -> None:
+    """Until ``count`` connections are held in the index (a stream is, once it started)."""
+    await _held(gateway.bow, count)
+
+
+async def _until_streams(gateway: Gateway, count: int) -> None:
+    outbound = gateway.bow._outbound
+    assert outbound is not None
+    for _ in range(int(WAIT / 0.01)):
+        if len(outbound.connections) == count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{len(outbound.connections)} connections left, not {count}")
+
+
+# -- with settings of their own ----------------------------------------------------------------
+
+
+async def started(start_bow: Callable[[Bow], Awaitable[Bow]], **outbound: Any) -> str:
+    bow = await start_bow(standard_bow(base_config(outbound={"timeout": 5, **outbound})))
+    return f"http://127.0.0.1:{bow.port}"
+
+
+async def test_a_stream_ends_with_4003_at_exp_plus_grace(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> None:
+    url = await started(start_bow, expiry_grace=0.2)
+    expiring = mint("READER", SECRET, ttl=2)
+    async with http.get(url + "/events", params={"token": expiring}) as response:
+        stream = Stream(response)
+        event = await stream.next(timeout=4)
+        assert event["event"] == "alert"  # no 4100 first: a stream cannot re-authenticate
+        assert json.loads(event["data"])["code"] == 4003
+        assert await stream.ended()
+
+
+async def test_only_listed_origins_get_access_control_allow_origin(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> None:
+    app = "https://app.example.com"
+    url = await started(start_bow, cors_origins=[app])
+    for origin, allowed in ((app, app), ("https://evil.example.com", None)):
+        headers = {"Origin": origin, "Authorization": f"Bearer {token('READER')}"}
+        async with http.get(url + "/events", headers=headers) as response:
+            assert response.status == 200
+            assert response.headers.get("Access-Control-Allow-Origin") == allowed
+    async with http.get(url + "/events", headers={"Origin": app}) as response:
+        assert response.status == 401  # refusals carry it too, so that the page can read them
+        assert response.headers.get("Access-Control-Allow-Origin") == app
+
+
+async def test_over_max_sockets_is_503_with_retry_after(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> None:
+    url = await started(start_bow, max_sockets=1)
+    params = {"token": token("READER")}
+    async with http.get(url + "/events", params=params) as first:
+        assert first.status == 200
+        async with http.get(url + "/events", params=params) as second:
+            assert second.status == 503
+            assert second.headers["Retry-After"] == "1"
+            assert (await second.json())["reason"] == "too_many_requests"
+
+
+async def test_a_stopping_instance_sends_4012_then_ends(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> None:
+    bow = await start_bow(standard_bow())
+    url = f"http://127.0.0.1:{bow.port}/events"
+    async with http.get(url, params={"token": token("READER")}) as response:
+        stream = Stream(response)
+        await _held(bow, 1)
+        stopping = asyncio.ensure_future(bow.stop())
+        event = await stream.next()
+        assert (event["event"], json.loads(event["data"])["code"]) == ("alert", 4012)
+        assert await stream.ended()
+        await stopping
+
+
+async def _held(bow: Bow, count: int) -> None:
+    for _ in range(int(WAIT / 0.01)):
+        if bow._outbound is not None and bow._outbound.listener_count() >= count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{count} listeners were not held in time")
+
+
+async def test_a_stream_whose_client_stops_reading_is_closed_as_slow(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> None:
+    bow = await start_bow(
+        standard_bow(base_config(outbound={"timeout": 5, "max_buffered_bytes": 65_536}))
+    )
+    _, writer = await asyncio.open_connection("127.0.0.1", bow.port)
+    request = f"GET /events?token={token('READER')} HTTP/1.1\r\nHost: gateway\r\n\r\n"
+    writer.write(request.encode())  # and never read again
+    await _held(bow, 1)
+    outbound = bow._outbound
+    assert outbound is not None
+    body = {"name": "big", "audience": [{"__id": "READER"}], "text": "x" * 16_384}
+    url = f"http://127.0.0.1:{bow.port}{PATH}"
+    for _ in range(200):
+        async with http.post(url, json=body, headers=AUTH) as response:
+            assert response.status == 204
+        if not outbound.connections:
+            break
+        await asyncio.sleep(0.005)
+    for _ in range(int(WAIT / 0.01)):
+        if not outbound.connections:
+            break
+        await asyncio.sleep(0.01)
+    assert not outbound.connections
+    assert outbound.metrics.disconnects.labels("slow")._value.get() == 1
+    writer.close()
+    with contextlib.suppress(ConnectionError):
+        await writer.wait_closed()
+
+
+async def test_a_comment_line_keeps_a_quiet_stream_open(
+    open_stream: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sse, "HEARTBEAT", 0.2)
+    monkeypatch.setattr(sse, "SWEEP", 0.05)
+    stream = await open_stream(token("READER"))
+    line = await asyncio.wait_for(stream.response.content.readline(), WAIT)
+    assert line == b":\n"
