@@ -20,7 +20,7 @@
 #   sh tests/install-system-packages.sh && python3 -m venv .venv && ...
 set -eu
 
-PACKAGES="redis-server nginx openjdk-17-jre-headless libpostgresql-jdbc-java chromium chromium-driver nodejs npm"
+PACKAGES="redis-server nginx openjdk-17-jre-headless libpostgresql-jdbc-java chromium chromium-driver nodejs npm curl"
 
 installed() {
     # dpkg-query prints "install ok installed" for a package that is fully installed.

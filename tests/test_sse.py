@@ -217,8 +217,7 @@ async def test_the_token_is_never_logged(
 
 async def test_curl_receives_an_event(gateway: Gateway) -> None:
     curl = shutil.which("curl")
-    if curl is None:
-        pytest.skip("curl is not installed")
+    assert curl is not None, "curl is missing: run tests/install-system-packages.sh"
     url = f"{gateway.url}/events?token={token('READER')}"
     process = await asyncio.create_subprocess_exec(curl, "-sN", url, stdout=asyncio.subprocess.PIPE)
     try:
