@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any, Final
 
@@ -18,8 +18,7 @@ from .criteria import ID_KEY, ListenerId, validate_criteria
 from .enrichers import Enrichers
 from .gc_freeze import freeze_after_connects, release_closed_transports
 from .history import History
-from .http_server import HandshakeLimits, app_runner, handshake_limits
-from .inbound import basic_auth, health_handler, message_handler
+from .http_server import app_runner
 from .index import CriteriaIndex
 from .message import (
     Event,
@@ -27,7 +26,6 @@ from .message import (
 )
 from .metrics import Metrics
 from .outbound import Settings, SocketOutbound, normalise_version
-from .outbound.sse import SseEndpoint
 from .plugins import (
     AsyncClosable,
     CreateCriteriaFromListenerDetails,
@@ -41,6 +39,7 @@ from .plugins import (
     PluginFunction,
     WatchesCriteria,
 )
+from .routes import HEALTH_PATH, METRICS_PATH, SOCKETIO_PATH, build_app
 from .supervisor import Supervisor
 
 logger = logging.getLogger("bow_gateway")
@@ -48,9 +47,6 @@ logger = logging.getLogger("bow_gateway")
 CONSUMER: Final = "backplane consumer"
 """The supervised task that delivers what the backplane carries: ``/health`` is 503 while it is
 down."""
-HEALTH_PATH: Final = "/health"
-SOCKETIO_PATH: Final = "/socket.io/"
-METRICS_PATH: Final = "/metrics"
 
 
 class Bow:
@@ -276,72 +272,22 @@ class Bow:
     def _app(
         self, publish: Callable[[Event], Awaitable[str]], backplane: Backplane
     ) -> web.Application:
-        config = self.config
         outbound = self._outbound
         assert outbound is not None
-        open_paths = {HEALTH_PATH}
-        if config.sse_path is not None:
-            open_paths.add(config.sse_path)  # a listener's token, not the inbound's credentials
-        if config.metrics_port is None and not config.metrics_auth:
-            open_paths.add(METRICS_PATH)
-        app = web.Application(
-            client_max_size=config.max_body_size,
-            middlewares=[
-                basic_auth(
-                    realm=config.realm,
-                    username=config.username,
-                    password=config.password,
-                    is_open=lambda path: path in open_paths or path.startswith(SOCKETIO_PATH),
-                ),
-            ],
-        )
-
-        async def publish_many(events: Sequence[Event]) -> list[str]:
-            return await backplane.publish_many([encode_event(event) for event in events])
-
-        for spec in self._inbounds.values():
-            handler = message_handler(
-                spec,
-                publish_many,
-                self.metrics,
-                enrich=self._enrichers.enrich_all if self._enrichers else None,
-                timeout=config.inbound_timeout,
-                max_queries=config.max_queries,
-                max_predicates=config.max_predicates,
-                max_event_bytes=config.max_event_bytes,
-                max_batch=config.inbound_max_batch,
-            )
-            app.router.add_post(spec.path, handler)
-        self._control = Control(config, publish, backplane)
-        self._control.add_routes(app, self._inbounds)
-        app.router.add_get(
-            HEALTH_PATH,
-            health_handler(
-                lambda: (
-                    backplane.ready
-                    and not self._stopping
-                    and not self._supervisor.is_down(CONSUMER)
-                ),
-                self._health_check,
-                timeout=config.inbound_timeout,
+        self._control = Control(self.config, publish, backplane)
+        return build_app(
+            self.config,
+            inbounds=self._inbounds,
+            outbound=outbound,
+            backplane=backplane,
+            control=self._control,
+            metrics=self.metrics,
+            enrich=self._enrichers.enrich_all if self._enrichers else None,
+            health_check=self._health_check,
+            serving=lambda: (
+                backplane.ready and not self._stopping and not self._supervisor.is_down(CONSUMER)
             ),
         )
-        if config.metrics_port is None:
-            app.router.add_get(METRICS_PATH, self.metrics.handle)
-        # python-socketio's attach(), with the handshake limits around its handler; an SSE
-        # stream is a new connection too, under the same limits
-        limits = HandshakeLimits(
-            lambda: outbound.open_connections,
-            max_connections=config.max_sockets,
-            per_second=config.max_connects_per_second,
-        )
-        socketio_handler = handshake_limits(outbound.sio.handle_request, limits)
-        for method in ("GET", "POST", "OPTIONS"):
-            app.router.add_route(method, SOCKETIO_PATH, socketio_handler)
-        if config.sse_path is not None:
-            sse = SseEndpoint(outbound, limits, cors_origins=config.cors_origins)
-            app.router.add_get(config.sse_path, sse.handle)
-        return app
 
     async def _serve(self, app: web.Application, port: int) -> int:
         """Serve ``app`` on ``port`` (0: any free port); returns the port bound."""
