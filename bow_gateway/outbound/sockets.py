@@ -94,9 +94,7 @@ class SocketOutbound:
         self.sio.on("connect", self._connect)
         self.sio.on("connect", self._refuse_namespace, namespace="*")
         self.sio.on("disconnect", self._disconnect)
-        self.writer = Writer(
-            self.sio.eio.sockets.get, self._too_slow, max_buffered_bytes=settings.max_buffered_bytes
-        )
+        self.writer = Writer(self._too_slow, max_buffered_bytes=settings.max_buffered_bytes)
         self.authenticator = Authenticator(self, claim=claim, release=release)
         self.delivery = Delivery(self)
 

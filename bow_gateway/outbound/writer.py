@@ -21,12 +21,10 @@ class Writer:
 
     def __init__(
         self,
-        sockets: Callable[[str], object],
         slow: Callable[[Connection], None],
         *,
         max_buffered_bytes: int = 1_048_576,
     ) -> None:
-        self._sockets = sockets
         self._slow = slow
         self.max_buffered_bytes = max_buffered_bytes
 
@@ -42,13 +40,19 @@ class Writer:
                 self._slow(connection)
                 return False
             return True
+        return self._send(connection, encoded, frame, self.max_buffered_bytes)
+
+    def _send(
+        self, connection: Connection, encoded: bytes, frame: bytes | None, limit: int | None
+    ) -> bool:
+        """Write to the websocket or the long-poll queue; over ``limit`` (None: none) it is slow."""
         transport = connection.transport
         if transport is None:
             socket = connection.socket
             if socket is None or socket.closed:
                 return False
             if socket.transport is None:  # long-polling (or upgrading)
-                if socket.queued_bytes > self.max_buffered_bytes:
+                if limit is not None and socket.queued_bytes > limit:
                     self._slow(connection)
                     return False
                 return socket.enqueue(encoded.decode())
@@ -56,7 +60,7 @@ class Writer:
             self.bound_kernel_buffer(transport)
         if transport.is_closing():
             return False
-        if transport.get_write_buffer_size() > self.max_buffered_bytes:
+        if limit is not None and transport.get_write_buffer_size() > limit:
             self._slow(connection)
             return False
         transport.write(frame if frame is not None else connection.codec.frame(encoded))
@@ -79,14 +83,7 @@ class Writer:
 
     def write_alert(self, connection: Connection, encoded: bytes) -> None:
         """Send a last packet to a connection being closed, ahead of anything waiting."""
-        closing, backlog = connection.closing, connection.backlog
-        connection.closing = connection.backlog = None
-        limit, self.max_buffered_bytes = self.max_buffered_bytes, 1 << 62
-        try:
-            self.write(connection, encoded)
-        finally:
-            connection.closing, connection.backlog = closing, backlog
-            self.max_buffered_bytes = limit
+        self._send(connection, encoded, None, None)
 
     def buffered(self, connection: Connection) -> int:
         """Bytes written to this connection that its client has not taken yet."""
