@@ -104,8 +104,10 @@ def _check_prefix(prefix: str) -> None:
         raise ValidationError("must not be under /socket.io/, which needs no credentials")
 
 
-def _check_sse_path(path: str) -> None:
-    if path:  # "" (an empty BOW_OUTBOUND_SSE_PATH, or in a TOML file) turns it off, as None
+def _check_endpoint_path(path: str) -> None:
+    """An outbound endpoint's path; "" (an empty ``BOW_OUTBOUND_SSE_PATH``, or in a TOML file)
+    turns it off, as None."""
+    if path:
         _check_prefix(path)
 
 
@@ -136,7 +138,11 @@ class _OutboundSchema(Schema):
     )
     max_authenticates_per_minute = fields.Integer(load_default=12, validate=validate.Range(min=1))
     max_filters = fields.Integer(load_default=100, validate=validate.Range(min=1))
-    sse_path = fields.String(load_default="/events", allow_none=True, validate=_check_sse_path)
+    max_publishes_per_second = fields.Integer(load_default=100, validate=validate.Range(min=1))
+    sse_path = fields.String(load_default="/events", allow_none=True, validate=_check_endpoint_path)
+    flywheel_path = fields.String(
+        load_default="/broker", allow_none=True, validate=_check_endpoint_path
+    )
 
 
 class _RecoverySchema(Schema):
@@ -247,7 +253,9 @@ class Config:
     max_sockets_per_id: int = 100
     max_authenticates_per_minute: int = 12
     max_filters: int = 100
+    max_publishes_per_second: int = 100
     sse_path: str | None = "/events"
+    flywheel_path: str | None = "/broker"
     """The Server-Sent Events endpoint (``GET``); None (or ``""``): none."""
     recovery_enabled: bool = True
     recovery_max_age: float = 120.0
@@ -320,7 +328,9 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         max_sockets_per_id=data["outbound"]["max_sockets_per_id"],
         max_authenticates_per_minute=data["outbound"]["max_authenticates_per_minute"],
         max_filters=data["outbound"]["max_filters"],
+        max_publishes_per_second=data["outbound"]["max_publishes_per_second"],
         sse_path=data["outbound"]["sse_path"] or None,
+        flywheel_path=data["outbound"]["flywheel_path"] or None,
         recovery_enabled=data["recovery"]["enabled"],
         recovery_max_age=data["recovery"]["max_age"],
         recovery_max_count=data["recovery"]["max_count"],

@@ -57,6 +57,11 @@ def _remote(name: str) -> bool:
     return len(levels) == 4 and levels[0] == "$remote" and bool(levels[1]) and levels[2] == "rx"
 
 
+def session_of(name: str) -> str:
+    """The session id of a ``$remote/{sessionId}/rx/...`` name ("" for any other name)."""
+    return name.split("/", 3)[1] if _remote(name) else ""
+
+
 def _reserved(name: str) -> bool:
     return (
         name in RESERVED_NAMES

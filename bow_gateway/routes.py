@@ -1,5 +1,6 @@
 """The gateway's web application: the inbounds, the control endpoints, ``/health``,
-``/metrics``, and the outbounds' Socket.IO and Server-Sent Events endpoints with their limits."""
+``/metrics``, and the outbounds' Socket.IO, Server-Sent Events and Flywheel endpoints with their
+limits."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from .inbound import Enrich, basic_auth, health_handler, message_handler
 from .message import Event, encode_event
 from .metrics import Metrics
 from .outbound import SocketOutbound
+from .outbound.flywheel import FlywheelEndpoint
 from .outbound.sse import SseEndpoint
 from .plugins import HealthCheck, InboundPlugin
 
@@ -38,8 +40,12 @@ def build_app(
 ) -> web.Application:
     """Every route, behind the inbounds' Basic Auth but for the endpoints clients use."""
     open_paths = {HEALTH_PATH}
-    if config.sse_path is not None:
-        open_paths.add(config.sse_path)  # a listener's token, not the inbound's credentials
+    # The clients' endpoints take a listener's token, not the inbounds' credentials
+    client_paths = [p for p in (config.sse_path, config.flywheel_path) if p is not None]
+    for path in client_paths:
+        if path in inbounds:
+            raise ValueError(f"inbound path {path!r} is an outbound endpoint's (outbound.*_path)")
+        open_paths.add(path)
     if config.metrics_port is None and not config.metrics_auth:
         open_paths.add(METRICS_PATH)
     app = web.Application(
@@ -89,4 +95,12 @@ def build_app(
     if config.sse_path is not None:
         sse = SseEndpoint(outbound, limits, cors_origins=config.cors_origins)
         app.router.add_get(config.sse_path, sse.handle)
+    if config.flywheel_path is not None:
+        flywheel = FlywheelEndpoint(
+            outbound,
+            limits,
+            max_incoming_bytes=config.max_incoming_bytes,
+            max_publishes_per_second=config.max_publishes_per_second,
+        )
+        app.router.add_get(config.flywheel_path, flywheel.handle)
     return app

@@ -22,7 +22,8 @@ class Codec(Protocol):
     """How one wire protocol frames what the core writes: a message at a position (once per
     message, whatever the number of connections), alerts, ``__gap`` and ``__position``."""
 
-    name: str
+    name: str  # one per encoding (what delivery caches a message's bytes under)
+    protocol: str  # the wire protocol, as metrics label it: socketio, sse, flywheel
     positioned: bool  # its connections are told positions (recovery, __gap, __position)
     reauthenticates: bool  # its clients can authenticate again (4100 before 4003 at expiry)
 
@@ -39,9 +40,16 @@ class Codec(Protocol):
         ...
 
     def alert(
-        self, code: Code, text: str, *, fatal: bool = True, reconnect: str | None = None
+        self,
+        code: Code,
+        text: str,
+        *,
+        fatal: bool = True,
+        reconnect: str | None = None,
+        session: str | None = None,
     ) -> bytes:
-        """An alert packet: ``code`` and why."""
+        """An alert packet: ``code`` and why (``session``: the connection's, where the protocol
+        addresses alerts to it)."""
         ...
 
     def gateway_event(self, name: str, meta: dict[str, Any]) -> bytes:
@@ -52,10 +60,11 @@ class Codec(Protocol):
 class SocketIO:
     """Socket.IO EVENTs on ``/``, written to a websocket as Engine.IO MESSAGE frames."""
 
-    __slots__ = ("name", "positioned", "proto", "reauthenticates")
+    __slots__ = ("name", "positioned", "proto", "protocol", "reauthenticates")
 
     def __init__(self, proto: int) -> None:
         self.proto = proto
+        self.protocol = "socketio"
         self.name = f"socketio{proto}"
         self.positioned = self.reauthenticates = proto == 2
 
@@ -70,7 +79,13 @@ class SocketIO:
         return websocket_frame(b"4" + packet)  # an Engine.IO MESSAGE
 
     def alert(
-        self, code: Code, text: str, *, fatal: bool = True, reconnect: str | None = None
+        self,
+        code: Code,
+        text: str,
+        *,
+        fatal: bool = True,
+        reconnect: str | None = None,
+        session: str | None = None,
     ) -> bytes:
         return alert(self.proto, code, text, fatal=fatal, reconnect=reconnect)
 

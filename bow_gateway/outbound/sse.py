@@ -40,10 +40,11 @@ class SseCodec:
     """``text/event-stream`` events; ``chunked``: each framed as one HTTP/1.1 chunk, since the
     bytes go to the transport around aiohttp's writer (framed once per message, not per stream)."""
 
-    __slots__ = ("chunked", "name", "positioned", "reauthenticates")
+    __slots__ = ("chunked", "name", "positioned", "protocol", "reauthenticates")
 
     def __init__(self, *, chunked: bool) -> None:
         self.chunked = chunked
+        self.protocol = "sse"
         self.name = "sse-chunked" if chunked else "sse"
         self.positioned = True
         self.reauthenticates = False
@@ -65,7 +66,13 @@ class SseCodec:
         return b"%x\r\n%s\r\n" % (len(packet), packet)
 
     def alert(
-        self, code: Code, text: str, *, fatal: bool = True, reconnect: str | None = None
+        self,
+        code: Code,
+        text: str,
+        *,
+        fatal: bool = True,
+        reconnect: str | None = None,
+        session: str | None = None,
     ) -> bytes:
         data = {"code": code.code, "reason": code.reason, "text": text}
         return b"event: alert\ndata: " + dumps(data) + b"\n\n"
@@ -151,7 +158,7 @@ class SseEndpoint:
         outbound.connections[sid] = connection
         outbound.open_connections += 1
         outbound.metrics.connections_open.inc()
-        outbound.metrics.sockets_connected.labels(plugin.version).inc()
+        outbound.metrics.sockets_connected.labels(plugin.version, SSE_PLAIN.protocol).inc()
         try:
             return await self._serve(request, connection, ended, token, filters, since, cors)
         finally:
@@ -250,7 +257,9 @@ class SseEndpoint:
             return
         outbound.open_connections -= 1
         outbound.metrics.connections_open.dec()
-        outbound.metrics.sockets_connected.labels(connection.outbound.version).dec()
+        outbound.metrics.sockets_connected.labels(
+            connection.outbound.version, SSE_PLAIN.protocol
+        ).dec()
         outbound.authenticator.forget(connection)
         outbound.topics[connection.outbound.middleware_version].discard(connection)
         why = connection.closing or "client gone"

@@ -1,0 +1,338 @@
+"""The Flywheel WebSocket outbound (``clients.md`` section 12): ``GET {outbound.flywheel_path}``.
+
+Flywheel's text protocol over a plain WebSocket: ``B {json}`` binds (authenticates, subscribes),
+``P {topic} {body}`` publishes, ``R {topic} {body}`` receives. A connection is a
+:class:`~.connection.Connection` of the :class:`FlywheelCodec`, held in the index like any other
+(criteria, the per-id limit, kicks, counts, expiry), strictly subscribed: it receives only names
+its filters match, and ``$remote/{sessionId}/rx/...`` without a filter. Delivery frames a message
+once for every Flywheel connection and writes the same bytes to each transport; what the client
+sends is read through aiohttp's :class:`~aiohttp.web.WebSocketResponse`, which also closes the
+connection with the codes of section 10.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import TYPE_CHECKING, Any, Final
+
+from aiohttp import WSMsgType, hdrs, web
+
+from .. import codes
+from ..codes import Code
+from ..http_server import HandshakeLimits
+from ..message import Message, dumps
+from ..ratelimit import TokenBucket
+from ..seams import websocket_frame
+from .codec import Encoded
+from .connection import Connection, logger
+from .flywheel_bind import Binder, error_frame
+from .publishing import PublishRefused
+
+if TYPE_CHECKING:
+    from .sockets import SocketOutbound
+
+PING_EVERY: Final = 25.0  # seconds between two pings to a connection
+PONG_WITHIN: Final = 20.0  # seconds a client has to answer a ping before it is cut off
+SWEEP: Final = 1.0  # seconds between two looks at the connections' pings
+CLOSE_WAIT: Final = 1.0  # seconds a closed connection's client has to answer the close
+MAX_CLOSE_REASON: Final = 123  # bytes of a close frame's reason (RFC 6455 5.5)
+PING_FRAME: Final = b"\x89\x00"
+
+
+class FlywheelCodec:
+    """``R {name} {body}`` text frames: a string payload as it is, anything else as its JSON.
+
+    The packets are the frames themselves (no long-polling to queue them for). A fatal alert is
+    the close frame the endpoint sends with the code; a non-fatal one (4100) is a direct message
+    on ``$remote/{sessionId or anon}/rx/alerts``."""
+
+    __slots__ = ("name", "positioned", "protocol", "reauthenticates")
+
+    def __init__(self) -> None:
+        self.name = self.protocol = "flywheel"
+        self.positioned = False
+        self.reauthenticates = True
+
+    def message(self, message: Message, position: str) -> Encoded:
+        frame = self.replayed(message, position)
+        return frame, frame
+
+    def replayed(self, message: Message, position: str) -> bytes:
+        return receive_frame(message.name, body_of(message))
+
+    def frame(self, packet: bytes) -> bytes:
+        return packet
+
+    def alert(
+        self,
+        code: Code,
+        text: str,
+        *,
+        fatal: bool = True,
+        reconnect: str | None = None,
+        session: str | None = None,
+    ) -> bytes:
+        if fatal:
+            return b""  # the close frame says it (Connection.farewell)
+        data = {"code": code.code, "reason": code.reason, "text": text}
+        return receive_frame(f"$remote/{session or 'anon'}/rx/alerts", dumps(data))
+
+    def gateway_event(self, name: str, meta: dict[str, Any]) -> bytes:
+        return b""  # no positions in Flywheel's protocol
+
+
+FLYWHEEL: Final = FlywheelCodec()
+
+
+def body_of(message: Message) -> bytes:
+    """A message's body in an ``R`` frame: a string as it is, another payload as JSON."""
+    payload = message.payload
+    if isinstance(payload, str):
+        return payload.encode()
+    return dumps(payload) if message.has_payload else b""
+
+
+def receive_frame(topic: str, body: bytes) -> bytes:
+    return websocket_frame(b"R " + topic.encode() + b" " + body)
+
+
+class FlywheelEndpoint:
+    """The handler of ``GET {outbound.flywheel_path}`` for a :class:`~.sockets.SocketOutbound`."""
+
+    def __init__(
+        self,
+        outbound: SocketOutbound,
+        limits: HandshakeLimits,
+        *,
+        max_incoming_bytes: int = 16_384,
+        max_publishes_per_second: int = 100,
+    ) -> None:
+        self._outbound = outbound
+        self._limits = limits
+        self._max_incoming_bytes = max_incoming_bytes
+        self._max_publishes = max_publishes_per_second
+        self._binder = Binder(outbound)
+        # Each open connection's ping state: [when the next ping is due, when the unanswered
+        # one was sent (0: none)]
+        self._pings: dict[Connection, list[float]] = {}
+        self._sweeping = False
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        why = self._limits.refusal()
+        if why is not None:
+            return web.json_response(
+                {**codes.TOO_MANY_REQUESTS.data(), "text": why},
+                status=503,
+                headers={hdrs.RETRY_AFTER: "1"},
+            )
+        websocket = web.WebSocketResponse(
+            autoping=False,
+            compress=False,
+            max_msg_size=self._max_incoming_bytes,
+            timeout=CLOSE_WAIT,
+        )
+        if not websocket.can_prepare(request).ok:
+            text = "the Flywheel outbound takes a WebSocket upgrade (GET with Upgrade: websocket)"
+            return web.json_response({**codes.BAD_REQUEST.data(), "text": text}, status=400)
+        await websocket.prepare(request)
+        plugin, refusal = self._version(request)
+        if plugin is None:
+            logger.info("refusing a Flywheel connection: %s", refusal)
+            await websocket.close(code=codes.UNKNOWN_VERSION.code, message=_reason(refusal))
+            return websocket
+        outbound = self._outbound
+        sid = "fw-" + secrets.token_urlsafe(12)
+        connection = Connection(
+            sid,
+            sid,
+            plugin,
+            proto=2,
+            codec=FLYWHEEL,
+            authenticates_per_minute=outbound.settings.max_authenticates_per_minute,
+        )
+        connection.publishes = TokenBucket(self._max_publishes, self._max_publishes)
+        connection.transport = request.transport
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        connection.ended = ended
+        ended.add_done_callback(lambda _: outbound.spawn(_close(websocket, connection)))
+        self._open(connection)
+        try:
+            await self._read(websocket, connection)
+        finally:
+            self._forget(connection)
+        return websocket
+
+    def _version(self, request: web.Request) -> tuple[Any, str]:
+        plugins = self._outbound.outbounds
+        asked = request.query.get("v")
+        if asked is None and len(plugins) == 1:
+            return next(iter(plugins.values())), ""
+        if not asked:
+            return None, "no outbound version: connect with ?v="
+        found = plugins.get(asked.removeprefix("v"))
+        if found is None:
+            known = ", ".join(sorted(p.version for p in plugins.values())) or "none"
+            return None, f"unknown outbound version {asked[:32]!r}: this gateway serves {known}"
+        return found, ""
+
+    def _open(self, connection: Connection) -> None:
+        outbound = self._outbound
+        outbound.connections[connection.sid] = connection
+        outbound.open_connections += 1
+        outbound.metrics.connections_open.inc()
+        outbound.metrics.sockets_connected.labels(
+            connection.outbound.version, FLYWHEEL.protocol
+        ).inc()
+        outbound.topics[connection.outbound.middleware_version].hold_strictly(connection)
+        if connection.transport is not None:
+            outbound.writer.bound_kernel_buffer(connection.transport)
+        loop = asyncio.get_running_loop()
+        timeout = outbound.settings.auth_timeout
+        outbound.deadlines[connection.eio_sid] = loop.call_later(timeout, self._expire, connection)
+        self._pings[connection] = [loop.time() + PING_EVERY, 0.0]
+        if not self._sweeping:
+            self._sweeping = True
+            outbound.spawn(self._sweep())
+        logger.info("Flywheel connection %s opened", connection.sid)
+
+    async def _read(self, websocket: web.WebSocketResponse, connection: Connection) -> None:
+        """Every frame the client sends, in order, until the connection closes."""
+        while True:
+            received = await websocket.receive()
+            kind = received.type
+            if connection.closing is not None:
+                if kind in (WSMsgType.TEXT, WSMsgType.BINARY, WSMsgType.PING, WSMsgType.PONG):
+                    continue  # closing: nothing it sends counts any more
+                return
+            if kind is WSMsgType.TEXT:
+                await self._frame(connection, received.data)
+            elif kind is WSMsgType.PING:
+                await websocket.pong(received.data)
+            elif kind is WSMsgType.PONG:
+                pings = self._pings.get(connection)
+                if pings is not None:
+                    pings[0] = asyncio.get_running_loop().time() + PING_EVERY
+                    pings[1] = 0.0
+            elif kind is WSMsgType.BINARY:
+                self._outbound.close(
+                    connection,
+                    codes.BAD_REQUEST,
+                    "binary frames are not supported: Flywheel's text frames only",
+                    kind="malformed",
+                )
+            else:  # CLOSE, CLOSING, CLOSED, ERROR (a frame over max_incoming_bytes...)
+                return
+
+    async def _frame(self, connection: Connection, text: str) -> None:
+        kind, space, rest = text[:1], text[1:2], text[2:]
+        if space != " " or kind not in ("B", "P"):
+            self._outbound.close(
+                connection,
+                codes.BAD_REQUEST,
+                "a frame is 'B {json}' or 'P {topic} {body}'",
+                kind="malformed",
+            )
+        elif kind == "B":
+            await self._binder.bind(connection, rest)
+        else:
+            await self._publish(connection, rest)
+
+    async def _publish(self, connection: Connection, text: str) -> None:
+        """``P {topic} {body}``: through the outbound's ``create_message_from_publish``; a
+        refusal is told on ``$remote/{sessionId or anon}/rx/errors``."""
+        outbound = self._outbound
+        topic, _, body = text.partition(" ")
+        bucket = connection.publishes
+        if bucket is not None and not bucket.take():
+            why = (
+                f"over {self._max_publishes} publishes a second (outbound.max_publishes_per_second)"
+            )
+        elif not connection.authenticated:
+            why = "bind first: with auth, or anonymously where the outbound allows it"
+        elif outbound.client_publish is None:
+            why = "this gateway takes no publish from clients"
+        else:
+            details = connection.details if connection.listener_id is not None else None
+            try:
+                await outbound.client_publish(connection.outbound, details, topic, body)
+            except PublishRefused as error:
+                why = str(error)
+            else:
+                outbound.metrics.client_publishes.labels("flywheel", "accepted").inc()
+                return
+        outbound.metrics.client_publishes.labels("flywheel", "refused").inc()
+        logger.info("Flywheel connection %s: publish refused: %s", connection.sid, why)
+        outbound.writer.write(connection, error_frame(connection, why, topic))
+
+    def _expire(self, connection: Connection) -> None:
+        """Not bound as a listener within ``outbound.timeout``: 4001."""
+        self._outbound.deadlines.pop(connection.eio_sid, None)
+        if not connection.authenticated and connection.closing is None:
+            timeout = self._outbound.settings.auth_timeout
+            self._outbound.metrics.authentications.labels(
+                connection.outbound.version, "timeout"
+            ).inc()
+            self._outbound.close(
+                connection,
+                codes.AUTH_TIMEOUT,
+                f"not bound within {timeout:g} s of connecting",
+                kind="timeout",
+            )
+
+    def _forget(self, connection: Connection) -> None:
+        """The connection ended (the gateway closed it, or its client went): as a disconnect."""
+        outbound = self._outbound
+        self._pings.pop(connection, None)
+        deadline = outbound.deadlines.pop(connection.eio_sid, None)
+        if deadline is not None:
+            deadline.cancel()
+        self._binder.leave_session(connection)
+        if outbound.connections.pop(connection.sid, None) is None:
+            return
+        outbound.open_connections -= 1
+        outbound.metrics.connections_open.dec()
+        outbound.metrics.sockets_connected.labels(
+            connection.outbound.version, FLYWHEEL.protocol
+        ).dec()
+        outbound.authenticator.forget(connection)
+        outbound.topics[connection.outbound.middleware_version].discard(connection)
+        why = connection.closing or "client gone"
+        connection.closing = why
+        outbound.metrics.disconnects.labels(why).inc()
+        logger.info("Flywheel connection %s ended: %s", connection.sid, why)
+        if connection.ended is not None and not connection.ended.done():
+            connection.ended.set_result(None)
+
+    async def _sweep(self) -> None:
+        """While connections are open: ping each every :data:`PING_EVERY` seconds, and cut off
+        one that has not answered within :data:`PONG_WITHIN`."""
+        try:
+            loop = asyncio.get_running_loop()
+            while self._pings:
+                await asyncio.sleep(SWEEP)
+                now = loop.time()
+                for connection, pings in list(self._pings.items()):
+                    transport = connection.transport
+                    if transport is None or transport.is_closing():
+                        continue
+                    if pings[1] and now - pings[1] > PONG_WITHIN:
+                        logger.info("Flywheel connection %s: no pong: cut off", connection.sid)
+                        connection.closing = connection.closing or "ping timeout"
+                        transport.abort()
+                    elif not pings[1] and now >= pings[0]:
+                        pings[1] = now
+                        transport.write(PING_FRAME)
+        finally:
+            self._sweeping = False
+
+
+async def _close(websocket: web.WebSocketResponse, connection: Connection) -> None:
+    """Close a connection the gateway ended, with its code and why (1000 when it has none)."""
+    code, text = connection.farewell or (1000, "")
+    await websocket.close(code=code, message=_reason(text))
+
+
+def _reason(text: str) -> bytes:
+    """A close frame's reason: at most 123 bytes of UTF-8, cut on a character boundary."""
+    return text.encode()[:MAX_CLOSE_REASON].decode(errors="ignore").encode()
