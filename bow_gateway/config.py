@@ -12,6 +12,7 @@ from marshmallow import Schema, ValidationError, fields, validate
 
 from .criteria import error_text
 from .redis_client import check_settings
+from .retention import HistoryRule, history_rules
 
 NON_EMPTY = validate.Length(min=1, error="must not be empty")
 
@@ -213,6 +214,7 @@ class _ConfigSchema(Schema):
     outbound = fields.Nested(_OutboundSchema, required=True)
     recovery = fields.Nested(_RecoverySchema, load_default=dict)
     api = fields.Nested(_ApiSchema, load_default=dict)
+    history = fields.Raw(load_default=list)
 
 
 @dataclass(frozen=True)
@@ -269,6 +271,8 @@ class Config:
     count_max_ids: int = 10_000
     count_timeout: float = 0.5
     max_counts_per_second: float = 20.0
+    history: tuple[HistoryRule, ...] = ()
+    """Topics kept with a sequence, for replay (``[[history]]``)."""
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.https is None or isinstance(self.https, ssl.SSLContext):
@@ -293,6 +297,10 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         data = _ConfigSchema().load(raw)
     except ValidationError as error:
         raise ValueError("invalid configuration: " + error_text(error.messages)) from None
+    try:
+        history = tuple(history_rules(data["history"]))
+    except ValueError as error:
+        raise ValueError(f"invalid configuration: {error}") from None
     log_interval = data["middleware"].get("log_interval")
     return Config(
         port=data["port"],
@@ -342,4 +350,5 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         count_max_ids=data["api"]["count_max_ids"],
         count_timeout=data["api"]["count_timeout"],
         max_counts_per_second=data["api"]["max_counts_per_second"],
+        history=history,
     )

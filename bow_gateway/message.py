@@ -254,6 +254,7 @@ class MessageEvent:
     middleware_version: str
     message: Message
     accepted_at: float = 0.0  # time.time() when the inbound accepted it, for latency metrics
+    sequence: int | None = None  # its sequence in its topic's history, when kept there ("q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,7 +323,7 @@ def decode_event(data: bytes) -> Event:
     document = orjson.loads(data)
     if "m" in document:
         message = Message(document["n"], document["a"], document.get("p"), "p" in document)
-        return MessageEvent(document["m"], message, document.get("t", 0.0))
+        return MessageEvent(document["m"], message, document.get("t", 0.0), document.get("q"))
     if "c" in document:
         return CriteriaEvent(document["c"], document["i"], document["k"], document.get("b"))
     if "s" in document:

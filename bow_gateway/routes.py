@@ -4,7 +4,7 @@ limits."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from aiohttp import web
@@ -14,12 +14,12 @@ from .config import Config
 from .control import Control
 from .http_server import HandshakeLimits, handshake_limits
 from .inbound import Enrich, basic_auth, health_handler, message_handler
-from .message import Event, encode_event
 from .metrics import Metrics
 from .outbound import SocketOutbound
 from .outbound.flywheel import FlywheelEndpoint
 from .outbound.sse import SseEndpoint
 from .plugins import HealthCheck, InboundPlugin
+from .publisher import Publisher
 
 HEALTH_PATH: Final = "/health"
 SOCKETIO_PATH: Final = "/socket.io/"
@@ -32,6 +32,7 @@ def build_app(
     inbounds: Mapping[str, InboundPlugin],
     outbound: SocketOutbound,
     backplane: Backplane,
+    publisher: Publisher,
     control: Control,
     metrics: Metrics,
     enrich: Enrich | None,
@@ -60,13 +61,10 @@ def build_app(
         ],
     )
 
-    async def publish_many(events: Sequence[Event]) -> list[str]:
-        return await backplane.publish_many([encode_event(event) for event in events])
-
     for spec in inbounds.values():
         handler = message_handler(
             spec,
-            publish_many,
+            publisher.positions,
             metrics,
             enrich=enrich,
             timeout=config.inbound_timeout,

@@ -20,7 +20,7 @@ from .gc_freeze import freeze_after_connects, release_closed_transports
 from .history import History
 from .http_server import app_runner
 from .index import CriteriaIndex
-from .message import Event, MessageEvent, encode_event
+from .message import Event, encode_event
 from .metrics import Metrics
 from .outbound import Settings, SocketOutbound, normalise_version
 from .outbound.publishing import ClientPublish
@@ -37,6 +37,8 @@ from .plugins import (
     OutboundPlugin,
     WatchesCriteria,
 )
+from .publisher import Publisher
+from .retention import Retentions
 from .routes import HEALTH_PATH, METRICS_PATH, SOCKETIO_PATH, build_app
 from .supervisor import Supervisor
 
@@ -207,8 +209,7 @@ class Bow:
         async def publish(event: Event) -> str:
             return await backplane.publish(encode_event(event))
 
-        async def publish_many(events: list[MessageEvent]) -> list[str]:
-            return await backplane.publish_many([encode_event(event) for event in events])
+        self._publisher = publisher = Publisher(backplane, Retentions(config.history))
 
         self._history = history = History(
             backplane.parse_position,
@@ -241,7 +242,7 @@ class Bow:
             cors_origins=config.cors_origins,
             metrics=self.metrics,
             client_publish=ClientPublish(
-                publish_many,
+                publisher.published,
                 enrich=self._enrichers.enrich_all if self._enrichers else None,
                 timeout=config.inbound_timeout,
                 max_queries=config.max_queries,
@@ -294,6 +295,7 @@ class Bow:
             inbounds=self._inbounds,
             outbound=outbound,
             backplane=backplane,
+            publisher=self._publisher,
             control=self._control,
             metrics=self.metrics,
             enrich=self._enrichers.enrich_all if self._enrichers else None,

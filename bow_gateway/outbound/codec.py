@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Final, Protocol
 
 from ..codes import Code
-from ..message import Message, dumps
+from ..message import Message, MessageEvent, dumps
 from ..seams import websocket_frame
 
 POSITION_EVENT: Final = "__position"
@@ -27,12 +27,12 @@ class Codec(Protocol):
     positioned: bool  # its connections are told positions (recovery, __gap, __position)
     reauthenticates: bool  # its clients can authenticate again (4100 before 4003 at expiry)
 
-    def message(self, message: Message, position: str) -> Encoded:
+    def message(self, event: MessageEvent, position: str) -> Encoded:
         """A delivered message: its packet and the exact bytes written to a transport."""
         ...
 
-    def replayed(self, message: Message, position: str) -> bytes:
-        """A message replayed by a recovery, as a packet."""
+    def replayed(self, event: MessageEvent, position: str) -> bytes:
+        """A message replayed (by a recovery, or from its topic's history), as a packet."""
         ...
 
     def frame(self, packet: bytes) -> bytes:
@@ -68,12 +68,15 @@ class SocketIO:
         self.name = f"socketio{proto}"
         self.positioned = self.reauthenticates = proto == 2
 
-    def message(self, message: Message, position: str) -> Encoded:
-        packet = positioned_event(message, position) if self.positioned else event(message)
+    def message(self, event: MessageEvent, position: str) -> Encoded:
+        if self.positioned:
+            packet = positioned_event(event.message, position, sequence=event.sequence)
+        else:
+            packet = plain_event(event.message)
         return packet, websocket_frame(b"4" + packet)
 
-    def replayed(self, message: Message, position: str) -> bytes:
-        return positioned_event(message, position, replayed=True)
+    def replayed(self, event: MessageEvent, position: str) -> bytes:
+        return positioned_event(event.message, position, replayed=True, sequence=event.sequence)
 
     def frame(self, packet: bytes) -> bytes:
         return websocket_frame(b"4" + packet)  # an Engine.IO MESSAGE
@@ -101,15 +104,20 @@ def socketio_codec(proto: int) -> SocketIO:
     return PROTOCOL_2 if proto == 2 else PROTOCOL_1
 
 
-def event(message: Message) -> bytes:
+def plain_event(message: Message) -> bytes:
     """A protocol-1 EVENT on ``/``: ``[name]`` or ``[name, payload]``."""
     data = [message.name, message.payload] if message.has_payload else [message.name]
     return b"2" + dumps(data)
 
 
-def positioned_event(message: Message, position: str, *, replayed: bool = False) -> bytes:
-    """A protocol-2 EVENT: always ``[name, payload, meta]``."""
+def positioned_event(
+    message: Message, position: str, *, replayed: bool = False, sequence: int | None = None
+) -> bytes:
+    """A protocol-2 EVENT: always ``[name, payload, meta]``; ``meta.sequence`` for a message
+    kept in its topic's history."""
     meta: dict[str, Any] = {"position": position}
+    if sequence is not None:
+        meta["sequence"] = sequence
     if replayed:
         meta["replayed"] = True
     return b"2" + dumps([message.name, message.payload, meta])

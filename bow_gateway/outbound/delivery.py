@@ -133,9 +133,7 @@ class Delivery:
                 positioned = connection_codec.positioned
                 cached = encodings.get(connection_codec)
                 if cached is None:
-                    cached = encodings[connection_codec] = connection_codec.message(
-                        message, position
-                    )
+                    cached = encodings[connection_codec] = connection_codec.message(event, position)
                 encoded, frame = cached
             if positioned:
                 connection.positioned_at = now

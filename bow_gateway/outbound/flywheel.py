@@ -21,7 +21,7 @@ from aiohttp import WSMsgType, hdrs, web
 from .. import codes
 from ..codes import Code
 from ..http_server import HandshakeLimits
-from ..message import Message, dumps
+from ..message import Message, MessageEvent, dumps
 from ..ratelimit import TokenBucket
 from ..seams import websocket_frame
 from .codec import Encoded
@@ -54,12 +54,12 @@ class FlywheelCodec:
         self.positioned = False
         self.reauthenticates = True
 
-    def message(self, message: Message, position: str) -> Encoded:
-        frame = self.replayed(message, position)
+    def message(self, event: MessageEvent, position: str) -> Encoded:
+        frame = self.replayed(event, position)
         return frame, frame
 
-    def replayed(self, message: Message, position: str) -> bytes:
-        return receive_frame(message.name, body_of(message))
+    def replayed(self, event: MessageEvent, position: str) -> bytes:
+        return receive_frame(event.message.name, body_of(event.message))
 
     def frame(self, packet: bytes) -> bytes:
         return packet

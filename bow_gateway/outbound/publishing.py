@@ -16,7 +16,8 @@ from ..message import Message, MessageEvent, event_bytes, validate_message
 from ..plugins import OutboundPlugin
 from ..userfn import call_user_function, describe
 
-PublishMany = Callable[[list[MessageEvent]], Awaitable[list[str]]]
+Published = Callable[[list[MessageEvent]], Awaitable[list[tuple[str, int | None]]]]
+"""Events to the backplane: each one's position and, where its topic keeps a history, sequence."""
 Enrich = Callable[[list[Message]], Awaitable[list[Message]]]
 
 
@@ -29,7 +30,7 @@ class ClientPublish:
 
     def __init__(
         self,
-        publish_many: PublishMany,
+        publish: Published,
         *,
         enrich: Enrich | None = None,
         timeout: float = 5.0,
@@ -37,7 +38,7 @@ class ClientPublish:
         max_predicates: int = 32,
         max_event_bytes: int = 262_144,
     ) -> None:
-        self._publish_many = publish_many
+        self._publish = publish
         self._enrich = enrich
         self._timeout = timeout
         self._max_queries = max_queries
@@ -50,8 +51,9 @@ class ClientPublish:
         details: Mapping[str, Any] | None,
         topic: str,
         body: str,
-    ) -> str:
-        """Publish what ``outbound``'s function makes of the publish; return its position."""
+    ) -> tuple[str, int | None]:
+        """Publish what ``outbound``'s function makes of the publish: its position, and its
+        sequence when its topic keeps a history."""
         create = outbound.create_message_from_publish
         if create is None:
             raise PublishRefused("this gateway takes no publish from clients")
@@ -86,7 +88,7 @@ class ClientPublish:
             )
         event = MessageEvent(outbound.middleware_version, message, time.time())
         try:
-            [position] = await self._publish_many([event])
+            [published] = await self._publish([event])
         except BackplaneUnavailable:
             raise PublishRefused("the gateway cannot take messages now: retry later") from None
-        return position
+        return published

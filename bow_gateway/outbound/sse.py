@@ -21,7 +21,7 @@ from aiohttp.http import HttpVersion11
 from .. import codes
 from ..codes import Code
 from ..http_server import HandshakeLimits
-from ..message import Message, dumps
+from ..message import MessageEvent, dumps
 from ..topics import parse_filter
 from .codec import GAP_EVENT, Encoded
 from .connection import Connection, logger
@@ -49,11 +49,12 @@ class SseCodec:
         self.positioned = True
         self.reauthenticates = False
 
-    def message(self, message: Message, position: str) -> Encoded:
-        packet = self.replayed(message, position)
+    def message(self, event: MessageEvent, position: str) -> Encoded:
+        packet = self.replayed(event, position)
         return packet, self.frame(packet)
 
-    def replayed(self, message: Message, position: str) -> bytes:
+    def replayed(self, event: MessageEvent, position: str) -> bytes:
+        message = event.message
         return b"id: %s\nevent: %s\ndata: %s\n\n" % (
             position.encode(),
             _field(message.name),
