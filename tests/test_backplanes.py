@@ -512,6 +512,9 @@ async def test_the_event_carries_its_sequence_in_the_stream_and_the_history(
     assert json.loads(delivered[1]) == {"m": "v1", "n": "/chat/2"}
     [stored] = await backplane.topic_read(CHAT.topic, 1, 10)
     assert (stored.sequence, stored.data) == (1, delivered[0])
+    [entry] = await backplane.publish_retained([(event(3), CHAT)])
+    [second] = await backplane.topic_read(CHAT.topic, 2, 10)
+    assert second.position == entry[0]  # where the event is among all events
     assert abs(stored.time - time.time()) < 5
 
 

@@ -50,11 +50,13 @@ class Retention:
 @dataclass(frozen=True, slots=True)
 class Stored:
     """One event of a topic's history: its sequence in the topic, its data, when it was kept
-    (seconds since the Unix epoch, by the backplane's clock)."""
+    (seconds since the Unix epoch, by the backplane's clock), and its position among all events
+    (a reader joining a replay to live delivery knows which of them live delivery brings)."""
 
     sequence: int
     data: bytes
     time: float
+    position: str
 
 
 def with_sequence(data: bytes, sequence: int) -> bytes:

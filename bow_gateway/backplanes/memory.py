@@ -58,23 +58,26 @@ class MemoryBackplane(Backplane):
         datas: list[bytes] = []
         sequences: list[int | None] = []
         for data, retention in events:
-            if retention is None:
-                sequences.append(None)
-                datas.append(data)
+            sequence = None
+            if retention is not None:
+                sequence = self._sequences.get(retention.topic, 0) + 1
+                self._sequences[retention.topic] = sequence
+                data = with_sequence(data, sequence)
+            sequences.append(sequence)
+            datas.append(data)
+        positions = self._put(datas)
+        for (_, retention), sequence, data, position in zip(
+            events, sequences, datas, positions, strict=True
+        ):
+            if retention is None or sequence is None:
                 continue
-            sequence = self._sequences[retention.topic] = (
-                self._sequences.get(retention.topic, 0) + 1
-            )
-            data = with_sequence(data, sequence)
             kept = self._topics.get(retention.topic)
             if kept is None or kept.maxlen != retention.max_count:
                 kept = self._topics[retention.topic] = deque(kept or (), retention.max_count)
-            kept.append(Stored(sequence, data, now))
+            kept.append(Stored(sequence, data, now, position))
             while kept and kept[0].time < now - retention.max_age:
                 kept.popleft()
-            sequences.append(sequence)
-            datas.append(data)
-        return list(zip(self._put(datas), sequences, strict=True))
+        return list(zip(positions, sequences, strict=True))
 
     async def topic_bounds(self, topic: str) -> tuple[int, int] | None:
         kept = self._topics.get(topic)

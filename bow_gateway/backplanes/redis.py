@@ -59,6 +59,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Client = Redis | RedisCluster
 FIELD = b"d"
+POSITION_FIELD = b"p"  # a topic history's entry: where the event is in the stream
 _FAILURES = FAILURES
 _Out: TypeAlias = tuple[bytes, Retention | None]
 _Group: TypeAlias = tuple[list[_Out], asyncio.Future[list[tuple[str, int | None]]]]
@@ -215,7 +216,12 @@ class RedisBackplane(Backplane):
         except _FAILURES as exc:
             raise BackplaneUnavailable(f"Redis did not answer: {_reason(exc)}") from exc
         return [
-            Stored(_sequence_of(entry_id), fields[FIELD], _ms_of(entry_id) / 1000)
+            Stored(
+                _sequence_of(entry_id),
+                fields[FIELD],
+                _ms_of(entry_id) / 1000,
+                as_text(fields[POSITION_FIELD]),
+            )
             for entry_id, fields in entries
         ]
 

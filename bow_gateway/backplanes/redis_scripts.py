@@ -50,8 +50,9 @@ RETAIN: Final = (
     + """
 -- PUBLISH, the event also kept in its topic's history with the topic's next sequence.
 -- KEYS: stream, epoch key, sequences (a hash: topic to its last), the topic's history (a
--- stream whose ids are "{sequence}-{ms}"); ARGV: data, a new epoch, max length, topic,
--- max count, max age (ms). Both copies of the data carry the sequence: {"q":N,...}.
+-- stream whose ids are "{sequence}-{ms}", fields d (the data) and p (its position)); ARGV: data,
+-- a new epoch, max length, topic, max count, max age (ms). Both copies of the data carry the
+-- sequence: {"q":N,...}.
 -- Returns {epoch value, id, sequence}.
 local value = redis.call('GET', KEYS[2])
 if not value or redis.call('EXISTS', KEYS[1]) == 0 then
@@ -70,8 +71,10 @@ if seq == 1 then  -- a new topic, or its sequence lost (the hash deleted) but no
   end
 end
 local data = '{"q":' .. string.format('%d', seq) .. ',' .. string.sub(ARGV[1], 2)
+local entry = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'd', data)
+local epoch = string.match(value, '^[^ ]*')
 local id = string.format('%d-%d', seq, ms)
-redis.call('XADD', KEYS[4], 'MAXLEN', ARGV[5], id, 'd', data)
+redis.call('XADD', KEYS[4], 'MAXLEN', ARGV[5], id, 'd', data, 'p', epoch .. '.' .. entry)
 local cutoff = ms - tonumber(ARGV[6])
 local oldest = seq % 16 == 0 and redis.call('XRANGE', KEYS[4], '-', '+', 'COUNT', 1)[1]
 if oldest and ms_of(oldest[1]) < cutoff then  -- every 16th: drop the front past max age
@@ -82,7 +85,6 @@ if oldest and ms_of(oldest[1]) < cutoff then  -- every 16th: drop the front past
   end
   redis.call('XTRIM', KEYS[4], 'MINID', keep)
 end
-local entry = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'd', data)
 return {value, entry, seq}
 """
 )
