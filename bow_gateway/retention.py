@@ -8,6 +8,7 @@ each name is remembered: names repeat.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -65,6 +66,11 @@ def history_rules(tables: Any) -> list[HistoryRule]:
     """The ``history`` setting: ``ValueError`` names the bad table and field."""
     if tables is None:
         return []
+    if isinstance(tables, str):  # BOW_HISTORY: the list as JSON
+        try:
+            tables = json.loads(tables)
+        except ValueError as error:
+            raise ValueError(f"history: not a JSON list of tables: {error}") from None
     if not isinstance(tables, Sequence) or isinstance(tables, (str, bytes)):
         raise ValueError("history must be a list of tables ([[history]])")
     rules = []

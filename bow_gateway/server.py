@@ -24,6 +24,7 @@ from .message import Event, encode_event
 from .metrics import Metrics
 from .outbound import Settings, SocketOutbound, normalise_version
 from .outbound.publishing import ClientPublish
+from .outbound.topic_replay import TopicHistory
 from .plugins import (
     AsyncClosable,
     CreateCriteriaFromListenerDetails,
@@ -209,7 +210,8 @@ class Bow:
         async def publish(event: Event) -> str:
             return await backplane.publish(encode_event(event))
 
-        self._publisher = publisher = Publisher(backplane, Retentions(config.history))
+        retentions = Retentions(config.history)
+        self._publisher = publisher = Publisher(backplane, retentions)
 
         self._history = history = History(
             backplane.parse_position,
@@ -241,6 +243,11 @@ class Bow:
             transports=config.transports,
             cors_origins=config.cors_origins,
             metrics=self.metrics,
+            topic_history=(
+                TopicHistory(backplane.topic_bounds, backplane.topic_read, retentions)
+                if retentions
+                else None
+            ),
             client_publish=ClientPublish(
                 publisher.published,
                 enrich=self._enrichers.enrich_all if self._enrichers else None,

@@ -114,8 +114,9 @@ def positioned_event(
     message: Message, position: str, *, replayed: bool = False, sequence: int | None = None
 ) -> bytes:
     """A protocol-2 EVENT: always ``[name, payload, meta]``; ``meta.sequence`` for a message
-    kept in its topic's history."""
-    meta: dict[str, Any] = {"position": position}
+    kept in its topic's history. A topic replay's events have no position (``""``): the
+    client's recovery point must not move back."""
+    meta: dict[str, Any] = {"position": position} if position else {}
     if sequence is not None:
         meta["sequence"] = sequence
     if replayed:

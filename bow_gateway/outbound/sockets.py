@@ -32,7 +32,9 @@ from .authentication import Authenticator
 from .connection import Connection, Settings, logger
 from .delivery import Delivery
 from .publishing import ClientPublish
+from .replays import Replays
 from .subscriptions import subscribe
+from .topic_replay import TopicHistory
 from .writer import Writer
 
 DEFAULT_SETTINGS: Final = Settings()
@@ -66,6 +68,7 @@ class SocketOutbound:
         cors_origins: list[str] | None = None,
         metrics: Metrics | None = None,
         client_publish: ClientPublish | None = None,
+        topic_history: TopicHistory | None = None,
     ) -> None:
         self._outbounds = outbounds
         self.middlewares = middlewares
@@ -83,6 +86,7 @@ class SocketOutbound:
         # Flywheel connections by sessionId: what $remote/{sessionId}/rx/... reaches
         self.sessions: dict[str, set[Connection]] = {}
         self.client_publish = client_publish
+        self.topic_history = topic_history
         self.positioned: set[Connection] = set()  # authenticated protocol-2 connections
         self.connects = 0  # Socket.IO connections accepted so far
         self.open_connections = 0  # Engine.IO connections open, authenticated or not
@@ -102,6 +106,7 @@ class SocketOutbound:
         self.writer = Writer(self._too_slow, max_buffered_bytes=settings.max_buffered_bytes)
         self.authenticator = Authenticator(self, claim=claim, release=release)
         self.delivery = Delivery(self)
+        self.replays = Replays(self, topic_history)
 
     @property
     def outbounds(self) -> Mapping[str, OutboundPlugin]:
@@ -308,6 +313,12 @@ class SocketOutbound:
         connection = self.connections.get(sid)
         if connection is not None:
             subscribe(self, connection, args, ack_id)
+
+    async def replay(self, sid: str, args: list[Any], ack_id: Any) -> None:
+        """A ``replay`` event (:mod:`.replays`)."""
+        connection = self.connections.get(sid)
+        if connection is not None:
+            await self.replays.replay(connection, args, ack_id)
 
     async def refresh(
         self, middleware_version: str, listener_ids: list[ListenerId] | None = None
