@@ -144,6 +144,9 @@ class _OutboundSchema(Schema):
     flywheel_path = fields.String(
         load_default="/broker", allow_none=True, validate=_check_endpoint_path
     )
+    gobbler_path = fields.String(
+        load_default="/gobbler", allow_none=True, validate=_check_endpoint_path
+    )
 
 
 class _RecoverySchema(Schema):
@@ -258,6 +261,7 @@ class Config:
     max_publishes_per_second: int = 100
     sse_path: str | None = "/events"
     flywheel_path: str | None = "/broker"
+    gobbler_path: str | None = "/gobbler"
     """The Server-Sent Events endpoint (``GET``); None (or ``""``): none."""
     recovery_enabled: bool = True
     recovery_max_age: float = 120.0
@@ -339,6 +343,7 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         max_publishes_per_second=data["outbound"]["max_publishes_per_second"],
         sse_path=data["outbound"]["sse_path"] or None,
         flywheel_path=data["outbound"]["flywheel_path"] or None,
+        gobbler_path=data["outbound"]["gobbler_path"] or None,
         recovery_enabled=data["recovery"]["enabled"],
         recovery_max_age=data["recovery"]["max_age"],
         recovery_max_count=data["recovery"]["max_count"],

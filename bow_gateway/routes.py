@@ -17,6 +17,7 @@ from .inbound import Enrich, basic_auth, health_handler, message_handler
 from .metrics import Metrics
 from .outbound import SocketOutbound
 from .outbound.flywheel import FlywheelEndpoint
+from .outbound.gobbler import GobblerEndpoint
 from .outbound.sse import SseEndpoint
 from .plugins import HealthCheck, InboundPlugin
 from .publisher import Publisher
@@ -42,7 +43,11 @@ def build_app(
     """Every route, behind the inbounds' Basic Auth but for the endpoints clients use."""
     open_paths = {HEALTH_PATH}
     # The clients' endpoints take a listener's token, not the inbounds' credentials
-    client_paths = [p for p in (config.sse_path, config.flywheel_path) if p is not None]
+    client_paths = [
+        path
+        for path in (config.sse_path, config.flywheel_path, config.gobbler_path)
+        if path is not None
+    ]
     for path in client_paths:
         if path in inbounds:
             raise ValueError(f"inbound path {path!r} is an outbound endpoint's (outbound.*_path)")
@@ -101,4 +106,12 @@ def build_app(
             max_publishes_per_second=config.max_publishes_per_second,
         )
         app.router.add_get(config.flywheel_path, flywheel.handle)
+    if config.gobbler_path is not None:
+        gobbler = GobblerEndpoint(
+            outbound,
+            limits,
+            max_incoming_bytes=config.max_incoming_bytes,
+            max_publishes_per_second=config.max_publishes_per_second,
+        )
+        app.router.add_get(config.gobbler_path, gobbler.handle)
     return app

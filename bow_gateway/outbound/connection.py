@@ -106,7 +106,9 @@ class Connection:
         # went); its handler then closes it with ``farewell``, the code and why
         self.ended: asyncio.Future[None] | None = None
         self.farewell: tuple[int, str] | None = None
-        self.session: str | None = None  # a Flywheel connection's sessionId ($remote/{it}/rx)
+        # The client's own name for the connection: Flywheel's sessionId ($remote/{it}/rx),
+        # Gobbler's applicationId
+        self.session: str | None = None
         self.publishes: TokenBucket | None = None  # a client that publishes: its rate
 
     @property

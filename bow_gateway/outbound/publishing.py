@@ -51,9 +51,12 @@ class ClientPublish:
         details: Mapping[str, Any] | None,
         topic: str,
         body: str,
+        *,
+        extra: Mapping[str, Any] | None = None,
     ) -> tuple[str, int | None]:
         """Publish what ``outbound``'s function makes of the publish: its position, and its
-        sequence when its topic keeps a history."""
+        sequence when its topic keeps a history. ``extra``: fields the protocol adds to the
+        message unless the function set them (Gobbler's headers and publisher ids)."""
         create = outbound.create_message_from_publish
         if create is None:
             raise PublishRefused("this gateway takes no publish from clients")
@@ -66,6 +69,8 @@ class ClientPublish:
             ) from None
         except Exception as error:  # noqa: BLE001 - the user's function refused the publish
             raise PublishRefused(f"the publish was refused: {error}") from None
+        if extra and isinstance(raw, Mapping):  # the protocol's own fields, unless set already
+            raw = {**extra, **raw}
         try:
             message = validate_message(
                 raw, max_queries=self._max_queries, max_predicates=self._max_predicates

@@ -1,0 +1,290 @@
+"""The Gobbler WebSocket outbound (``clients.md`` section 14): ``GET {outbound.gobbler_path}``.
+
+Gobbler's text protocol over a plain WebSocket (``seeds/gobbler.md``): ``+ path [start [count]]``
+subscribes and/or replays a topic's history, ``- path`` cancels, ``> path [id]`` publishes; the
+gateway answers with status messages (``#ok-connected``, ``#send``, ``#fetch-start``, ...) and
+writes messages in Gobbler's format. The token comes as for SSE (``Authorization: Bearer`` or the
+``token`` query parameter, never logged); a connection is held in the index like any other,
+strictly subscribed (a Gobbler connection receives only the paths it subscribed to, subtopics
+included). Commands run one at a time, in order (:mod:`.gobbler_commands`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+from aiohttp import WSMsgType, hdrs, web
+
+from .. import codes
+from ..codes import Code
+from ..http_server import HandshakeLimits
+from ..message import MessageEvent, dumps
+from ..ratelimit import TokenBucket
+from ..seams import websocket_frame
+from .codec import Encoded
+from .connection import Connection, logger
+from .expiry import Refusal
+from .gobbler_commands import Commands, status
+
+if TYPE_CHECKING:
+    from .sockets import SocketOutbound
+
+CLOSE_WAIT: Final = 1.0  # seconds a closed connection's client has to answer the close
+MAX_CLOSE_REASON: Final = 123  # bytes of a close frame's reason (RFC 6455 5.5)
+
+
+class GobblerCodec:
+    """Gobbler's message format, one text frame per message::
+
+        {path},{sequenceId},{publisherUserId},{publisherApplicationId},{publisherMessageId},{time}
+        {headers JSON}
+        {body}
+
+    The sequence is the message's in its topic's history (0 when no ``[[history]]`` keeps it);
+    the body is a string payload as it is, anything else as its JSON. The headers line is always
+    there (``{}`` without headers), so that a body starting with ``{`` is never taken for it.
+    A fatal alert is the close frame the endpoint sends; a non-fatal one (4100) the status
+    message ``!refresh-required``."""
+
+    __slots__ = ("name", "positioned", "protocol", "reauthenticates")
+
+    def __init__(self) -> None:
+        self.name = self.protocol = "gobbler"
+        self.positioned = False
+        self.reauthenticates = False
+
+    def message(self, event: MessageEvent, position: str) -> Encoded:
+        frame = self.replayed(event, position)
+        return frame, frame
+
+    def replayed(self, event: MessageEvent, position: str) -> bytes:
+        message = event.message
+        publication = message.publication
+        headers: dict[str, str] = {}
+        ids = ["", "", ""]
+        if publication is not None:
+            headers = publication.headers
+            ids = [
+                publication.user_id or "",
+                publication.application_id or "",
+                publication.message_id or "",
+            ]
+        head = ",".join([message.name, str(event.sequence or 0), *ids, str(int(event.accepted_at))])
+        payload = message.payload
+        if isinstance(payload, str):
+            body = payload.encode()
+        else:
+            body = dumps(payload) if message.has_payload else b""
+        return websocket_frame(head.encode() + b"\n" + dumps(headers) + b"\n" + body)
+
+    def frame(self, packet: bytes) -> bytes:
+        return packet
+
+    def alert(
+        self,
+        code: Code,
+        text: str,
+        *,
+        fatal: bool = True,
+        reconnect: str | None = None,
+        session: str | None = None,
+    ) -> bytes:
+        if fatal:
+            return b""  # the close frame says it (Connection.farewell)
+        return status("!" + code.reason.replace("_", "-"), text, {"code": code.code})
+
+    def gateway_event(self, name: str, meta: dict[str, Any]) -> bytes:
+        return b""  # no positions in Gobbler's protocol
+
+
+GOBBLER: Final = GobblerCodec()
+
+
+class GobblerEndpoint:
+    """The handler of ``GET {outbound.gobbler_path}`` for a :class:`~.sockets.SocketOutbound`."""
+
+    def __init__(
+        self,
+        outbound: SocketOutbound,
+        limits: HandshakeLimits,
+        *,
+        max_incoming_bytes: int = 16_384,
+        max_publishes_per_second: int = 100,
+    ) -> None:
+        self._outbound = outbound
+        self._limits = limits
+        self._max_incoming_bytes = max_incoming_bytes
+        self._max_publishes = max_publishes_per_second
+        self._commands = Commands(outbound, max_publishes_per_second)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        why = self._limits.refusal()
+        if why is not None:
+            return web.json_response(
+                {**codes.TOO_MANY_REQUESTS.data(), "text": why},
+                status=503,
+                headers={hdrs.RETRY_AFTER: "1"},
+            )
+        websocket = web.WebSocketResponse(
+            autoping=True,
+            heartbeat=25.0,
+            compress=False,
+            max_msg_size=self._max_incoming_bytes,
+            timeout=CLOSE_WAIT,
+        )
+        if not websocket.can_prepare(request).ok:
+            text = "the Gobbler outbound takes a WebSocket upgrade (GET with Upgrade: websocket)"
+            return web.json_response({**codes.BAD_REQUEST.data(), "text": text}, status=400)
+        await websocket.prepare(request)
+        plugin, refusal = self._version(request)
+        if plugin is None:
+            logger.info("refusing a Gobbler connection: %s", refusal)
+            await websocket.close(code=codes.UNKNOWN_VERSION.code, message=_reason(refusal))
+            return websocket
+        outbound = self._outbound
+        sid = "gb-" + secrets.token_urlsafe(12)
+        connection = Connection(sid, sid, plugin, proto=2, codec=GOBBLER)
+        connection.publishes = TokenBucket(self._max_publishes, self._max_publishes)
+        connection.transport = request.transport
+        application = request.query.get("applicationId") or secrets.token_urlsafe(12)
+        connection.session = application[:64]  # Gobbler's publisherApplicationId
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        connection.ended = ended
+        ended.add_done_callback(lambda _: outbound.spawn(_close(websocket, connection)))
+        self._open(connection)
+        try:
+            if await self._authenticate(connection, _token(request)):
+                await self._read(websocket, connection)
+            else:
+                await ended
+        finally:
+            self._forget(connection)
+        return websocket
+
+    def _version(self, request: web.Request) -> tuple[Any, str]:
+        plugins = self._outbound.outbounds
+        asked = request.query.get("v")
+        if asked is None and len(plugins) == 1:
+            return next(iter(plugins.values())), ""
+        if not asked:
+            return None, "no outbound version: connect with ?v="
+        found = plugins.get(asked.removeprefix("v"))
+        if found is None:
+            known = ", ".join(sorted(p.version for p in plugins.values())) or "none"
+            return None, f"unknown outbound version {asked[:32]!r}: this gateway serves {known}"
+        return found, ""
+
+    def _open(self, connection: Connection) -> None:
+        outbound = self._outbound
+        outbound.connections[connection.sid] = connection
+        outbound.open_connections += 1
+        outbound.metrics.connections_open.inc()
+        outbound.metrics.sockets_connected.labels(connection.outbound.version, "gobbler").inc()
+        outbound.topics[connection.outbound.middleware_version].hold_strictly(connection)
+        if connection.transport is not None:
+            outbound.writer.bound_kernel_buffer(connection.transport)
+
+    async def _authenticate(self, connection: Connection, token: str | None) -> bool:
+        """The token of the handshake (none: anonymous, where the outbound allows it), then
+        ``#ok-connected``; a refusal closes with its code."""
+        outbound = self._outbound
+        authenticator = outbound.authenticator
+        version = connection.outbound.version
+        if token is None and connection.outbound.anonymous_criteria is None:
+            text = "no token: send Authorization: Bearer or the token query parameter"
+            outbound.close(connection, codes.AUTH_REFUSED, text, kind="refused")
+            return False
+        basis = outbound.history.last
+        refreshes = authenticator.refreshes(connection.outbound.middleware_version)
+        try:
+            details, criteria = await authenticator.criteria_for(connection, token)
+        except Refusal as refusal:
+            outbound.metrics.authentications.labels(version, "refused").inc()
+            outbound.close(connection, refusal.code, str(refusal), kind="refused")
+            return False
+        listener_id = None if details is None else details["id"]
+        if listener_id is not None and not await authenticator.take_place(connection, listener_id):
+            return False
+        if connection.closing is not None:
+            return False
+        if listener_id is not None:
+            control = outbound.history.changes.control_after(basis, listener_id)
+            if control is not None and control[0] == "kick":
+                kick = control[1]
+                outbound.close(
+                    connection, codes.KICKED, kick.reason or "kicked", reconnect=kick.reconnect
+                )
+                return False
+            if control is not None:
+                criteria = {**control[1], "__id": listener_id}
+        authenticator.hold(connection, listener_id, details, criteria)
+        connection.details = details
+        outbound.metrics.authentications.labels(version, "accepted").inc()
+        user = "" if listener_id is None else str(listener_id)
+        hello = {"ApplicationId": connection.session, "UserId": user, "Time": str(int(time.time()))}
+        outbound.writer.write(
+            connection, status("#ok-connected", "You are connected to the server.", hello)
+        )
+        logger.info("Gobbler connection %s opened for listener %r", connection.sid, listener_id)
+        if listener_id is not None:
+            await authenticator.share(connection, listener_id, criteria, refreshes, basis)
+        return connection.closing is None
+
+    async def _read(self, websocket: web.WebSocketResponse, connection: Connection) -> None:
+        """Every command the client sends, one at a time, until the connection closes."""
+        while True:
+            received = await websocket.receive()
+            if received.type is WSMsgType.TEXT:
+                if connection.closing is None:
+                    await self._commands.run(connection, received.data)
+            elif received.type is WSMsgType.BINARY:
+                if connection.closing is None:
+                    self._outbound.close(
+                        connection,
+                        codes.BAD_REQUEST,
+                        "binary frames are not supported: Gobbler's text commands only",
+                        kind="malformed",
+                    )
+            else:  # CLOSE, CLOSING, CLOSED, ERROR (a frame over max_incoming_bytes...)
+                return
+
+    def _forget(self, connection: Connection) -> None:
+        """The connection ended (the gateway closed it, or its client went): as a disconnect."""
+        outbound = self._outbound
+        if outbound.connections.pop(connection.sid, None) is None:
+            return
+        outbound.open_connections -= 1
+        outbound.metrics.connections_open.dec()
+        outbound.metrics.sockets_connected.labels(connection.outbound.version, "gobbler").dec()
+        outbound.authenticator.forget(connection)
+        outbound.topics[connection.outbound.middleware_version].discard(connection)
+        why = connection.closing or "client gone"
+        connection.closing = why
+        connection.backlog = None
+        outbound.metrics.disconnects.labels(why).inc()
+        logger.info("Gobbler connection %s ended: %s", connection.sid, why)
+        if connection.ended is not None and not connection.ended.done():
+            connection.ended.set_result(None)
+
+
+def _token(request: web.Request) -> str | None:
+    """The bearer token of the ``Authorization`` header, else the ``token`` query parameter."""
+    header = request.headers.get(hdrs.AUTHORIZATION, "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.query.get("token") or None
+
+
+async def _close(websocket: web.WebSocketResponse, connection: Connection) -> None:
+    """Close a connection the gateway ended, with its code and why (1000 when it has none)."""
+    code, text = connection.farewell or (1000, "")
+    await websocket.close(code=code, message=_reason(text))
+
+
+def _reason(text: str) -> bytes:
+    """A close frame's reason: at most 123 bytes of UTF-8, cut on a character boundary."""
+    return text.encode()[:MAX_CLOSE_REASON].decode(errors="ignore").encode()
