@@ -8,9 +8,11 @@ from .plugins import (
     AsyncClosable,
     CreateCriteriaFromListenerDetails,
     CreateListenerDetailsFromToken,
+    CreateMessageFromRequest,
     CreateMessageFromRequestBody,
     Enrich,
     HealthCheck,
+    InboundRequest,
     WatchesCriteria,
 )
 from .server import Bow
@@ -20,9 +22,11 @@ __all__ = [
     "Bow",
     "CreateCriteriaFromListenerDetails",
     "CreateListenerDetailsFromToken",
+    "CreateMessageFromRequest",
     "CreateMessageFromRequestBody",
     "Enrich",
     "HealthCheck",
+    "InboundRequest",
     "WatchesCriteria",
 ]
 __version__ = "0.1.0"
