@@ -15,6 +15,7 @@ from bow_gateway.middlewares.claims import criteria_from_claim
 from bow_gateway.outbounds.jwt import JwtOutbound
 
 from bow_gateway import Bow, InboundRequest
+from bow_gateway.cli.serve import tour
 from bow_gateway.standalone import build_bow, load_settings
 
 from .support import AUTH, SECRET, base_config
@@ -333,3 +334,19 @@ def test_an_inbounds_table_with_neither_or_both_functions_is_refused_naming_it(
     config.write_text(TOML.format(functions=functions))
     with pytest.raises(ValueError, match=r"\[\[inbounds\]\] #1: give exactly one of"):
         load_settings(str(config))
+
+
+def test_serve_s_tour_shows_the_json_example_on_a_json_inbound(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        TOML.format(functions=GOBBLER)
+        + f'[[inbounds]]\npath = "/v1/json"\n{PASSTHROUGH}\nmiddleware_version = "v1"\n'
+        + '[[outbounds]]\nversion = "v1"\nmiddleware_version = "v1"\n'
+        + 'create_listener_details_from_token = "bow_gateway.outbounds.jwt:JwtOutbound"\n'
+        + f'options = {{ secret = "{SECRET}" }}\n'
+    )
+    settings = load_settings(str(config))
+    text = tour(build_bow(settings), settings)
+    assert "push:   POST http://127.0.0.1:None/api/message/{topic:.+}" in text
+    [curl] = [line for line in text.splitlines() if line.strip().startswith("curl ")]
+    assert curl.endswith("/v1/json") and "application/json" in curl
