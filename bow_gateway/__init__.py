@@ -9,9 +9,11 @@ from .plugins import (
     CreateCriteriaFromListenerDetails,
     CreateListenerDetailsFromToken,
     CreateMessageFromPublish,
+    CreateMessageFromRequest,
     CreateMessageFromRequestBody,
     Enrich,
     HealthCheck,
+    InboundRequest,
     WatchesCriteria,
 )
 from .server import Bow
@@ -22,9 +24,11 @@ __all__ = [
     "CreateCriteriaFromListenerDetails",
     "CreateListenerDetailsFromToken",
     "CreateMessageFromPublish",
+    "CreateMessageFromRequest",
     "CreateMessageFromRequestBody",
     "Enrich",
     "HealthCheck",
+    "InboundRequest",
     "WatchesCriteria",
 ]
 __version__ = "0.1.0"

@@ -6,11 +6,12 @@ positioned.
 runs once at ``start()``, before the gateway serves. Then every message whose name matches passes
 through ``fn``, the enrichers in registration order, each seeing the message as the ones before
 left it (its name included): ``fn`` receives a new mapping ``{"name", "payload", "audience"}``
-(``payload`` only when the message has one, as an inbound returns it) and returns the message to
-accept instead, checked again as an inbound's is. Raising, or returning something that is not a
-valid message, refuses it (:class:`EnricherRefused`: ``422`` at the inbound); not answering within
-the timeout (``inbound.timeout``, shared by all the enrichers a request's messages pass through)
-makes the gateway unable to take it now (:class:`EnricherTimeout`: ``503``).
+(``payload`` only when the message has one, as an inbound returns it; ``headers``, ``user_id``,
+``application_id``, ``message_id`` when set) and returns the message to accept instead, checked
+again as an inbound's is. Raising, or returning something that is not a valid message, refuses it
+(:class:`EnricherRefused`: ``422`` at the inbound); not answering within the timeout
+(``inbound.timeout``, shared by all the enrichers a request's messages pass through) makes the
+gateway unable to take it now (:class:`EnricherTimeout`: ``503``).
 :meth:`Enrichers.enrich` is what any source of messages calls (the inbounds, client publishes).
 
 Filters are MQTT 3.1.1's, parsed and matched by :mod:`.topics` (which also lets an enricher name
@@ -27,6 +28,7 @@ from typing import Any
 
 from .message import Message, validate_message
 from .plugins import Enrich, EnrichInit
+from .publication import as_mapping
 from .topics import filter_matches, parse_filter
 
 
@@ -139,6 +141,8 @@ class Enrichers:
         document: dict[str, Any] = {"name": message.name, "audience": message.audience}
         if message.has_payload:
             document["payload"] = message.payload
+        if message.publication is not None:
+            document.update(as_mapping(message.publication))
         try:
             result = enricher.enrich(document)
             if inspect.isawaitable(result):

@@ -6,7 +6,9 @@ event over ``outbound.max_event_bytes``), 422, 503 (with ``Retry-After``), and 2
 ``Bow-Position`` once the messages are on the backplane; 408 for a body that does not arrive in
 time, 400 for one that does not decode.
 
-The inbound's function returns one message, or a list of them (a batch, contract section 15):
+The inbound's function takes the JSON body, or (``create_message_from_request``) the whole request
+read into an :class:`~.plugins.InboundRequest`; it returns one message, or a list of them (a
+batch, contract section 15):
 every one is checked, then every one enriched (:mod:`.enrichers`), then all are published in one
 trip to the backplane, in order, or none is. The ``204``'s ``Bow-Position`` is the last one's; an
 empty list is answered ``204`` without it (nothing was positioned).
@@ -19,6 +21,7 @@ import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from types import MappingProxyType
 from typing import Any, Final
 
 from aiohttp import BasicAuth, hdrs, web
@@ -29,7 +32,7 @@ from .enrichers import EnricherRefused, EnricherTimeout
 from .http_server import request_timeout
 from .message import Message, MessageEvent, event_bytes, parse_json, validate_message
 from .metrics import Metrics
-from .plugins import HealthCheck, InboundPlugin
+from .plugins import HealthCheck, InboundPlugin, InboundRequest
 from .userfn import call_user_function, describe
 
 logger = logging.getLogger("bow_gateway.inbound")
@@ -93,7 +96,9 @@ def message_handler(
     """The aiohttp handler of one inbound path; ``timeout`` bounds the body's arrival, the
     message function, then the enrichers. ``publish`` returns the events' positions (the last
     is the ``Bow-Position``); ``enrich`` passes the messages through the enrichers."""
-    create_message = inbound.create_message_from_request_body
+    create_message = inbound.function
+    read = read_request if inbound.create_message_from_request is not None else read_json
+    what = "request" if read is read_request else "body"
     middleware_version = inbound.middleware_version
     accepted = metrics.messages_accepted.labels(inbound.path)
     limits = {"max_queries": max_queries, "max_predicates": max_predicates}
@@ -114,14 +119,14 @@ def message_handler(
         return response
 
     async def handle(request: web.Request) -> tuple[web.StreamResponse, int]:
-        document = await read_json(request, timeout)
+        argument = await read(request, timeout)
         try:
-            raw = await call_user_function(create_message, document, timeout)
+            raw = await call_user_function(create_message, argument, timeout)
         except TimeoutError:
             late = TimeoutError(f"{describe(create_message)} did not answer within {timeout:g} s")
             raise unavailable(1) from late
         except Exception as error:  # noqa: BLE001 - the user's function refused the body
-            raise unprocessable(f"the body was refused: {error}") from None
+            raise unprocessable(f"the {what} was refused: {error}") from None
         batch = isinstance(raw, list)
         if batch and len(raw) > max_batch:
             raise web.HTTPRequestEntityTooLarge(
@@ -200,6 +205,41 @@ async def read_json(request: web.Request, timeout: float) -> Any:
         return parse_json(body)
     except ValueError as error:
         raise unprocessable(f"the body is not JSON: {error}") from None
+
+
+async def read_request(request: web.Request, timeout: float) -> InboundRequest:
+    """The request as ``create_message_from_request`` takes it, its body read as :func:`read_json`
+    reads one (any type, maybe empty), detached from the connection; 422 for a browser's
+    request from another site."""
+    body = await _read(request, timeout) if request.body_exists else b""
+    _check_not_cross_site(request)
+    return InboundRequest(
+        path=request.path,
+        match_info=MappingProxyType(dict(request.match_info)),
+        query=request.query,
+        headers=request.headers,
+        body=body,
+        content_type=request.content_type,
+        charset=request.charset,
+    )
+
+
+def _check_not_cross_site(request: web.Request) -> None:
+    """Refuse what a browser sent from another site's page: an inbound taking any type of body
+    takes forms, which any site can make a browser post with its cached Basic credentials
+    (CSRF; the JSON inbounds refuse them by type). Backends send neither header."""
+    site = request.headers.get("Sec-Fetch-Site")
+    origin = request.headers.get(hdrs.ORIGIN)
+    if site is not None:
+        cross, header = site not in ("same-origin", "none"), f"Sec-Fetch-Site: {site}"
+    else:
+        cross = origin is not None and origin.partition("://")[2] != request.host
+        header = f"Origin: {origin}"
+    if cross:
+        raise unprocessable(
+            f"a browser sent this request from a page of another site ({header}): refused, as "
+            "it may be a cross-site request forgery"
+        )
 
 
 def _check_json_content_type(request: web.Request) -> None:

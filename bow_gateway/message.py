@@ -1,8 +1,10 @@
 """Messages and the events that travel on the backplane.
 
 A message is what an inbound accepted: an event ``name``, an optional ``payload`` and an
-``audience`` (a list of queries, each a non-empty mapping of predicates). Events are how messages
-and criteria changes cross the backplane: small JSON documents, encoded once where they start.
+``audience`` (a list of queries, each a non-empty mapping of predicates), and rarely what
+Gobbler's format adds (:class:`Publication`: headers, the publisher's ids). Events are how
+messages and criteria changes cross the backplane: small JSON documents, encoded once where they
+start.
 """
 
 from __future__ import annotations
@@ -16,6 +18,14 @@ from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 
 from .criteria import Criteria, ListenerId, ScalarField, error_text, is_scalar, typed_key
 from .index import Query
+from .publication import (
+    MAX_HEADER_BYTES,
+    MAX_HEADERS,
+    MAX_ID_LENGTH,
+    PUBLICATION_KEY_SET,
+    Publication,
+    read_publication,
+)
 
 DISCONNECT: Final = "__disconnect"
 
@@ -111,26 +121,42 @@ class Message:
     audience: list[Query]
     payload: Any = None
     has_payload: bool = field(default=False)
+    publication: Publication | None = None
+    """Gobbler's headers and publisher ids, when the inbound's function gave any."""
 
 
 def validate_message(
-    value: Any, *, max_queries: int = 1_000, max_predicates: int = 32, prefix: str = ""
+    value: Any,
+    *,
+    max_queries: int = 1_000,
+    max_predicates: int = 32,
+    max_headers: int = MAX_HEADERS,
+    max_header_bytes: int = MAX_HEADER_BYTES,
+    max_id_length: int = MAX_ID_LENGTH,
+    prefix: str = "",
 ) -> Message:
-    """Check what ``create_message_from_request_body`` returned; ``ValueError`` names the field,
-    after ``prefix`` (a batch's index: ``"3"`` makes ``3.audience.0: ...``).
+    """Check what an inbound's function returned; ``ValueError`` names the field, after
+    ``prefix`` (a batch's index: ``"3"`` makes ``3.audience.0: ...``).
 
     The audience's size is checked first, so that a huge one costs no more than a count; its
     repeated queries are dropped (each would cost a resolution per delivery, for nothing).
+    ``headers`` (at most ``max_headers``, ``max_header_bytes`` of names and values in UTF-8) and
+    the publisher's ids (at most ``max_id_length`` characters) are looked for only when the
+    mapping has keys beyond the message's own, so they cost nothing when absent.
     """
     if not isinstance(value, Mapping):
         where = f"{prefix}: " if prefix else ""
         raise ValueError(f"{where}a message must be a mapping, not {type(value).__name__}")
     _check_size(value.get("audience"), max_queries, max_predicates, prefix)
     message = _plainly_valid(value) or _loaded(value, prefix)
+    publication = None
+    if len(value) > 2 + message.has_payload and not PUBLICATION_KEY_SET.isdisjoint(value):
+        limits = (max_headers, max_header_bytes, max_id_length)
+        publication = read_publication(value, prefix, *limits)
     audience = _distinct(message.audience)
-    if len(audience) == len(message.audience):
+    if len(audience) == len(message.audience) and publication is None:
         return message
-    return Message(message.name, audience, message.payload, message.has_payload)
+    return Message(message.name, audience, message.payload, message.has_payload, publication)
 
 
 def _loaded(value: Mapping[str, Any], prefix: str, sample: int = 10) -> Message:
@@ -305,6 +331,14 @@ def encode_event(event: Event) -> bytes:
         }
         if message.has_payload:
             document["p"] = message.payload
+        if message.publication is not None:
+            publication = message.publication
+            document["g"] = [
+                publication.headers,
+                publication.user_id,
+                publication.application_id,
+                publication.message_id,
+            ]
         return dumps(document)
     if isinstance(event, CriteriaEvent):
         document = {"c": event.middleware_version, "i": event.listener_id, "k": event.criteria}
@@ -322,7 +356,14 @@ def decode_event(data: bytes) -> Event:
     """Read an event written by :func:`encode_event` (on this instance or another one)."""
     document = orjson.loads(data)
     if "m" in document:
-        message = Message(document["n"], document["a"], document.get("p"), "p" in document)
+        gobbler = document.get("g")
+        message = Message(
+            document["n"],
+            document["a"],
+            document.get("p"),
+            "p" in document,
+            None if gobbler is None else Publication(*gobbler),
+        )
         return MessageEvent(document["m"], message, document.get("t", 0.0), document.get("q"))
     if "c" in document:
         return CriteriaEvent(document["c"], document["i"], document["k"], document.get("b"))

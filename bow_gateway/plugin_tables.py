@@ -26,6 +26,8 @@ FUNCTION_KEYS: Final = {
     "outbounds": "create_listener_details_from_token",
     "enrichers": "enrich",
 }
+REQUEST_FUNCTION: Final = "create_message_from_request"
+"""An ``[[inbounds]]`` table's other function key: exactly one of the two is given."""
 
 
 def read_plugins(
@@ -50,16 +52,19 @@ def read_plugins(
         )
         for name, table in _tables(document, "middlewares", {"version"})
     )
-    key = FUNCTION_KEYS["inbounds"]
     inbounds = tuple(
         InboundPlugin(
             path=_string(table, "path", name),
-            create_message_from_request_body=_resolve(table, name, key),
+            create_message_from_request_body=_resolve(table, name, body) if body else None,
             middleware_version=_string(table, "middleware_version", name),
-            reference=table[key],
+            reference=table[body or REQUEST_FUNCTION],
             table=name,
+            create_message_from_request=None if body else _resolve(table, name, REQUEST_FUNCTION),
         )
-        for name, table in _tables(document, "inbounds", {"path", "middleware_version"})
+        for name, table in _tables(
+            document, "inbounds", {"path", "middleware_version"}, frozenset({REQUEST_FUNCTION})
+        )
+        for body in [_inbound_function(table, name)]
     )
     key = FUNCTION_KEYS["outbounds"]
     outbounds = tuple(
@@ -100,6 +105,15 @@ def read_plugins(
     return middlewares, inbounds, outbounds, enrichers, health_check
 
 
+def _inbound_function(table: Mapping[str, Any], name: str) -> str | None:
+    """``create_message_from_request_body`` when an ``[[inbounds]]`` table names that function,
+    ``None`` when it names ``create_message_from_request``; neither or both is a ``ValueError``."""
+    body, request = FUNCTION_KEYS["inbounds"], REQUEST_FUNCTION
+    if (body in table) == (request in table):
+        raise ValueError(f"{name}: give exactly one of {body} and {request}")
+    return body if body in table else None
+
+
 def _tables(
     document: Mapping[str, Any], key: str, strings: set[str], optional: frozenset[str] = frozenset()
 ) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -114,7 +128,10 @@ def _tables(
             raise ValueError(
                 f"{name}: unknown key {unknown[0]!r} (expected {', '.join(sorted(allowed))})"
             )
-        missing = sorted(k for k in allowed - {"options", *optional} if k not in table)
+        required = allowed - {"options", *optional}
+        if key == "inbounds":  # one of its two functions: read_plugins checks
+            required.discard(FUNCTION_KEYS[key])
+        missing = sorted(k for k in required if k not in table)
         if missing:
             raise ValueError(f"{name}: {missing[0]} is missing")
         yield name, dict(table)

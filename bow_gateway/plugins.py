@@ -2,9 +2,10 @@
 ``"module:attribute"`` reference becomes one.
 
 Each function takes one argument and returns its result or an awaitable of it (a plain or a
-coroutine function); raising is a refusal. A middleware may also *watch* its criteria
-(:class:`WatchesCriteria`), and any plugin may hold resources that ``Bow.stop()`` closes
-(:class:`AsyncClosable`).
+coroutine function); raising is a refusal. An inbound's function takes the request's JSON body,
+or an :class:`InboundRequest` (path parameters, query, headers, raw body). A middleware may also
+*watch* its criteria (:class:`WatchesCriteria`), and any plugin may hold resources that
+``Bow.stop()`` closes (:class:`AsyncClosable`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
+import orjson
+
 from .criteria import ListenerId
 
 if TYPE_CHECKING:
     from aiohttp import web
+    from multidict import CIMultiDictProxy, MultiMapping
 
 
 class CreateMessageFromRequestBody(Protocol):
@@ -25,6 +29,43 @@ class CreateMessageFromRequestBody(Protocol):
     raising refuses the body (``422``)."""
 
     def __call__(self, body: Any, /) -> Any | Awaitable[Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class InboundRequest:
+    """What ``create_message_from_request`` receives: a request already read, detached from its
+    connection (a function cannot wait on the socket), for inbounds such as Gobbler's REST API."""
+
+    path: str
+    """The request's path, percent-decoded (``/api/message/chat/room1``)."""
+    match_info: Mapping[str, str]
+    """The path's parameters: ``{"topic": "chat/room1"}`` for ``/api/message/{topic:.+}``."""
+    query: MultiMapping[str]
+    """The query string's parameters (``query.get("userId")``, ``query.getall("tag", [])``)."""
+    headers: CIMultiDictProxy[str]
+    """The request's headers, looked up in any case; their names as sent."""
+    body: bytes
+    """The raw body (empty when there is none), at most ``inbound.max_body_size`` bytes."""
+    content_type: str
+    """The ``Content-Type`` without parameters, in lower case (``application/octet-stream``
+    when absent)."""
+    charset: str | None = None
+    """The ``Content-Type``'s charset parameter, if any."""
+
+    def text(self) -> str:
+        """The body decoded as UTF-8; ``UnicodeDecodeError`` (a ``ValueError``) if it is not."""
+        return self.body.decode("utf-8")
+
+    def json(self) -> Any:
+        """The body parsed as strict JSON; ``ValueError`` if it is not JSON."""
+        return orjson.loads(self.body)
+
+
+class CreateMessageFromRequest(Protocol):
+    """An inbound that needs more than the JSON body: an :class:`InboundRequest` to a message (or
+    a list of them); raising refuses the request (``422``)."""
+
+    def __call__(self, request: InboundRequest, /) -> Any | Awaitable[Any]: ...
 
 
 class CreateListenerDetailsFromToken(Protocol):
@@ -72,6 +113,7 @@ awaitable (a coroutine function), which is awaited."""
 
 PluginFunction: TypeAlias = (
     CreateMessageFromRequestBody
+    | CreateMessageFromRequest
     | CreateListenerDetailsFromToken
     | CreateCriteriaFromListenerDetails
     | HealthCheck
@@ -110,13 +152,22 @@ class MiddlewarePlugin:
 
 @dataclass(frozen=True)
 class InboundPlugin:
-    """An inbound: its path, how a body becomes a message, the middleware version resolving it."""
+    """An inbound: its path (aiohttp's syntax: it may hold parameters), how a body or a request
+    becomes a message (exactly one of the two functions), the middleware version resolving it."""
 
     path: str
-    create_message_from_request_body: CreateMessageFromRequestBody
+    create_message_from_request_body: CreateMessageFromRequestBody | None
     middleware_version: str
     reference: str | None = None
     table: str | None = None
+    create_message_from_request: CreateMessageFromRequest | None = None
+
+    @property
+    def function(self) -> CreateMessageFromRequestBody | CreateMessageFromRequest:
+        """Whichever of the two functions it has."""
+        function = self.create_message_from_request or self.create_message_from_request_body
+        assert function is not None, "an inbound has one of the two functions"
+        return function
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ limits."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -13,7 +13,7 @@ from .backplanes import Backplane
 from .config import Config
 from .control import Control
 from .http_server import HandshakeLimits, handshake_limits
-from .inbound import Enrich, basic_auth, health_handler, message_handler
+from .inbound import Enrich, Handler, basic_auth, health_handler, message_handler
 from .metrics import Metrics
 from .outbound import SocketOutbound
 from .outbound.flywheel import FlywheelEndpoint
@@ -78,6 +78,8 @@ def build_app(
             max_event_bytes=config.max_event_bytes,
             max_batch=config.inbound_max_batch,
         )
+        if "{" in spec.path:  # a parameter may match a path the gateway keeps for itself
+            handler = _not_on(handler, _gateway_path(config))
         app.router.add_post(spec.path, handler)
     control.add_routes(app, inbounds)
     app.router.add_get(
@@ -115,3 +117,42 @@ def build_app(
         )
         app.router.add_get(config.gobbler_path, gobbler.handle)
     return app
+
+
+def check_route(path: str) -> None:
+    """``ValueError`` for an inbound path aiohttp cannot route (a malformed ``{parameter}``)."""
+    try:
+        web.UrlDispatcher().add_post(path, _never)
+    except ValueError as error:
+        raise ValueError(f"inbound path {path!r} is not a valid route: {error}") from None
+
+
+async def _never(request: web.Request) -> Any:
+    raise AssertionError("only ever checked, never served")
+
+
+def _gateway_path(config: Config) -> Callable[[str], bool]:
+    """Whether a path is the gateway's own: open ones (``/health``, Socket.IO, the clients'
+    endpoints) or under ``api.prefix``."""
+    clients = (config.sse_path, config.flywheel_path, config.gobbler_path)
+    own = {HEALTH_PATH, METRICS_PATH, *(path for path in clients if path)}
+    prefix = config.api_prefix
+    return lambda path: (
+        path in own
+        or path.startswith(SOCKETIO_PATH)
+        or path == prefix
+        or path.startswith(prefix + "/")
+    )
+
+
+def _not_on(handler: Handler, gateway_path: Callable[[str], bool]) -> Handler:
+    """``handler``, but ``404`` for the gateway's own paths: a parameterised inbound path
+    (``/{topic:.+}``) matches them when their own route does not take the method, and an open
+    one would reach the inbound's function without credentials."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        if gateway_path(request.path):
+            raise web.HTTPNotFound()
+        return await handler(request)
+
+    return guarded

@@ -30,6 +30,7 @@ from .plugins import (
     CreateCriteriaFromListenerDetails,
     CreateListenerDetailsFromToken,
     CreateMessageFromPublish,
+    CreateMessageFromRequest,
     CreateMessageFromRequestBody,
     Enrich,
     EnrichInit,
@@ -40,7 +41,7 @@ from .plugins import (
 )
 from .publisher import Publisher
 from .retention import Retentions
-from .routes import HEALTH_PATH, METRICS_PATH, SOCKETIO_PATH, build_app
+from .routes import HEALTH_PATH, METRICS_PATH, SOCKETIO_PATH, build_app, check_route
 from .supervisor import Supervisor
 
 logger = logging.getLogger("bow_gateway")
@@ -109,22 +110,36 @@ class Bow:
         self,
         *,
         path: str,
-        create_message_from_request_body: CreateMessageFromRequestBody,
+        create_message_from_request_body: CreateMessageFromRequestBody | None = None,
         middleware_version: str,
+        create_message_from_request: CreateMessageFromRequest | None = None,
     ) -> Bow:
-        """Register ``POST path``, whose bodies become messages resolved by a middleware version."""
+        """Register ``POST path`` (aiohttp's syntax: ``/api/message/{topic:.+}`` has a parameter),
+        whose JSON bodies (``create_message_from_request_body``) or whole requests
+        (``create_message_from_request``, given an :class:`InboundRequest`; exactly one of the
+        two) become messages resolved by a middleware version."""
         if not isinstance(path, str) or not path.startswith("/"):
             raise ValueError(f"inbound path must be a string starting with '/', not {path!r}")
         if path == HEALTH_PATH or path.startswith(SOCKETIO_PATH):
             raise ValueError(f"inbound path {path!r} is reserved by the gateway")
         check_inbound_paths([path], self.config.api_prefix)
+        check_route(path)
         if path in self._inbounds:
             raise ValueError(f"inbound path {path!r} is already registered")
-        _callable("create_message_from_request_body", create_message_from_request_body)
+        if (create_message_from_request_body is None) == (create_message_from_request is None):
+            raise ValueError(
+                f"inbound {path!r}: give exactly one of create_message_from_request_body (the "
+                "JSON body to a message) and create_message_from_request (the request to one)"
+            )
+        if create_message_from_request is not None:
+            _callable("create_message_from_request", create_message_from_request)
+        else:
+            _callable("create_message_from_request_body", create_message_from_request_body)
         self._inbounds[path] = InboundPlugin(
             path,
             create_message_from_request_body,
             _version("middleware_version", middleware_version),
+            create_message_from_request=create_message_from_request,
         )
         self._middleware_references.append((f"inbound {path!r}", middleware_version))
         return self
@@ -389,7 +404,7 @@ class Bow:
 
     def _inbound_functions(self) -> list[object]:
         return [
-            *(spec.create_message_from_request_body for spec in self._inbounds.values()),
+            *(spec.function for spec in self._inbounds.values()),
             *(spec.create_listener_details_from_token for spec in self._outbounds.values()),
             *(
                 spec.create_message_from_publish

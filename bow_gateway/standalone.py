@@ -13,6 +13,12 @@ The file holds the section-1 configuration (``port``, ``host``, ``https``, ``red
     create_message_from_request_body = "my_plugins:message_from_body"
     middleware_version = "v1"
 
+    [[inbounds]]                          # a path with a parameter, the whole request
+    path = "/api/message/{topic:.+}"
+    create_message_from_request = "bow_gateway.inbounds.gobbler:GobblerInbound"
+    options = { audience = [{ role = "admin" }] }
+    middleware_version = "v1"
+
     [[outbounds]]
     version = "v1"
     create_listener_details_from_token = "bow_gateway.outbounds.jwt:JwtOutbound"
@@ -230,6 +236,7 @@ def build_bow(settings: Settings) -> Bow:
                 path=inbound.path,
                 create_message_from_request_body=inbound.create_message_from_request_body,
                 middleware_version=inbound.middleware_version,
+                create_message_from_request=inbound.create_message_from_request,
             )
     for outbound in settings.outbounds:
         with naming(outbound.table):

@@ -11,6 +11,10 @@ from typing import Any
 import aiohttp
 import pytest
 import socketio
+from bow_gateway.inbounds.passthrough import (
+    create_message_from_envelope,
+    create_message_from_request_body,
+)
 from bow_gateway.middlewares.claims import criteria_from_claim
 from bow_gateway.outbounds.jwt import JwtOutbound
 
@@ -190,3 +194,22 @@ async def test_each_message_of_a_batch_is_counted_as_accepted(
     status, _, _ = await post([message("m", n) for n in range(3)])
     assert status == 204
     assert await read_metric(http, url, sample) == before + 3
+
+
+def test_the_bundled_json_inbounds_take_a_list_of_bodies_as_a_batch() -> None:
+    bodies = [message("a", 1), {"name": "b", "audience": AUDIENCE}]
+    assert create_message_from_request_body(bodies) == [
+        {"name": "a", "payload": message("a", 1), "audience": AUDIENCE},
+        {"name": "b", "payload": {"name": "b", "audience": AUDIENCE}, "audience": AUDIENCE},
+    ]
+    assert create_message_from_envelope(bodies) == bodies
+
+
+@pytest.mark.parametrize(
+    "inbound", [create_message_from_request_body, create_message_from_envelope]
+)
+def test_a_bad_item_of_a_list_is_refused_naming_its_index(inbound: Callable[[Any], Any]) -> None:
+    with pytest.raises(
+        ValueError, match=r"^1: an item of the list must be a JSON object, not int$"
+    ):
+        inbound([message("a", 1), 7])

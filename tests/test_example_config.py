@@ -22,7 +22,13 @@ COMMENTED = re.compile(r"^# ?((?:\[\[?[A-Za-z_.]+\]\]?)|(?:[A-Za-z_][A-Za-z0-9_]
 # The plugin tables of a standalone file (bow_gateway/plugin_tables.py), beside the schema's keys.
 PLUGIN_TABLES = {
     "middlewares": {"version", "create_criteria_from_listener_details", "options"},
-    "inbounds": {"path", "create_message_from_request_body", "middleware_version", "options"},
+    "inbounds": {
+        "path",
+        "create_message_from_request_body",
+        "create_message_from_request",
+        "middleware_version",
+        "options",
+    },
     "outbounds": {
         "version",
         "create_listener_details_from_token",

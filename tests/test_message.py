@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from bow_gateway.message import (
     parse_json,
     validate_message,
 )
+from bow_gateway.publication import Publication
 
 scalars = st.one_of(
     st.booleans(),
@@ -120,3 +122,66 @@ def test_repeated_queries_are_kept_once_whatever_their_key_order() -> None:
 def test_queries_that_differ_in_json_are_all_kept() -> None:
     audience = [{"flag": 1}, {"flag": True}, {"flag": "1"}]
     assert validate_message({"name": "N", "audience": audience}).audience == audience
+
+
+# -- Gobbler's fields: headers and the publisher's ids -------------------------------------------
+
+GOBBLER = {"headers": {"Key": "Value"}, "user_id": "marvin", "message_id": "42"}
+
+
+def test_headers_and_publisher_ids_become_the_message_s_publication() -> None:
+    message = validate_message({"name": "/foo", "audience": [], **GOBBLER, "application_id": "a1"})
+    assert message.publication == Publication({"Key": "Value"}, "marvin", "a1", "42")
+
+
+def test_a_message_without_them_has_no_publication_and_encodes_without_one() -> None:
+    message = validate_message({"name": "N", "audience": [], "payload": 1, "other": 2})
+    assert message.publication is None
+    assert b'"g"' not in encode_event(MessageEvent("v1", message))
+
+
+def test_none_for_each_of_them_is_as_if_absent() -> None:
+    document = {"name": "N", "audience": [], "headers": None, "user_id": None, "message_id": None}
+    assert validate_message(document).publication is None
+
+
+def test_the_publication_survives_the_backplane_encoding() -> None:
+    message = validate_message({"name": "/foo", "audience": [], "payload": "Hello", **GOBBLER})
+    event = MessageEvent("v1", message, 1234.5)
+    assert decode_event(encode_event(event)) == event
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        ({"headers": ["Key"]}, "headers: must be a mapping"),
+        ({"headers": {f"H{n}": "v" for n in range(65)}}, "headers: at most 64 headers, not 65"),
+        ({"headers": {"Key": "x" * 8_190}}, "headers: at most 8192 bytes of names and values"),
+        ({"headers": {"Key": "é" * 4_095}}, "(UTF-8), not 8193"),
+        ({"headers": {"": "v"}}, "headers: a name must be a non-empty string"),
+        ({"headers": {"Key": 1}}, "headers.Key: must be a string, not int"),
+        ({"user_id": 42}, "user_id: must be a non-empty string"),
+        ({"user_id": ""}, "user_id: must be a non-empty string"),
+        ({"message_id": "x" * 257}, "message_id: at most 256 characters, not 257"),
+        ({"user_id": "a,b"}, "user_id: must not hold a comma or a line break"),
+        ({"application_id": "a\nb"}, "application_id: must not hold a comma or a line break"),
+    ],
+)
+def test_bad_headers_or_ids_are_refused_naming_the_field(extra: dict[str, Any], error: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(error)):
+        validate_message({"name": "N", "audience": [], **extra})
+
+
+def test_the_bounds_of_headers_and_ids_are_arguments() -> None:
+    document = {"name": "N", "audience": [], "headers": {"A": "1", "B": "2"}, "user_id": "abc"}
+    with pytest.raises(ValueError, match="headers: at most 1 headers, not 2"):
+        validate_message(document, max_headers=1)
+    with pytest.raises(ValueError, match="headers: at most 3 bytes"):
+        validate_message(document, max_header_bytes=3)
+    with pytest.raises(ValueError, match="user_id: at most 2 characters"):
+        validate_message(document, max_id_length=2)
+
+
+def test_a_bad_header_in_a_batch_is_named_after_the_message_s_index() -> None:
+    with pytest.raises(ValueError, match=re.escape("3.headers.Key: must be a string")):
+        validate_message({"name": "N", "audience": [], "headers": {"Key": None}}, prefix="3")

@@ -53,6 +53,8 @@ def test_the_public_api_exports_the_contract() -> None:
     for name in (
         "Bow",
         "CreateMessageFromRequestBody",
+        "CreateMessageFromRequest",
+        "InboundRequest",
         "CreateListenerDetailsFromToken",
         "CreateCriteriaFromListenerDetails",
         "HealthCheck",

@@ -1,6 +1,6 @@
 """``bow-gateway``: serve a gateway, and try one out (mint a token, listen, push).
 
-``main`` and the parser are here; the commands are in ``serve``, ``clients`` (token, push) and
+``main`` and the parser are here; the commands are in ``serve``, ``clients`` (token), ``push`` and
 ``listen``, what they share in ``common``; ``criteria-job`` is ``bow_gateway.job.command``."""
 
 from __future__ import annotations
@@ -35,8 +35,11 @@ from .common import (
     EXAMPLE_PAYLOAD,
     PASSWORD_ENV,
     UsageError,
+    positive_int,
 )
 from .listen import listen as run_listen
+from .push import add_arguments as add_push_arguments
+from .push import push as run_push
 from .serve import serve as run_serve
 from .serve import tour
 
@@ -147,7 +150,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--workers",
         metavar="N",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="run N processes sharing the port, one gateway through Redis (WebSocket only)",
     )
@@ -230,42 +233,22 @@ def _parser() -> argparse.ArgumentParser:
 
     push = commands.add_parser(
         "push",
-        help="POST a message to an inbound",
+        help="POST a message, a Gobbler REST publish or a file of batches to an inbound",
         formatter_class=_Formatter,
         description='POST {"name": NAME, "audience": AUDIENCE, ...PAYLOAD\'s keys} to an\n'
-        "inbound: with the pass-through inbound the body is the payload. Prints the status;\n"
-        "exit 0 when accepted (204), 1 otherwise.",
-        epilog="Example:\n"
+        "inbound: with the pass-through inbound the body is the payload. Or, with --topic,\n"
+        "a raw text body to PATH/TOPIC (Gobbler's REST publish); or, with --batch, a JSON-lines\n"
+        "file as JSON lists of messages. Prints each status; exit 0 when all is accepted (204),\n"
+        "1 otherwise.",
+        epilog="Examples:\n"
         f"  bow-gateway push --name greeting --audience '{EXAMPLE_AUDIENCE}'"
-        f" --payload '{EXAMPLE_PAYLOAD}'",
+        f" --payload '{EXAMPLE_PAYLOAD}'\n"
+        "  bow-gateway push --topic chat/room1 --body hello --header Key=Value --user-id marvin\n"
+        "  bow-gateway push --batch messages.jsonl --batch-size 500",
     )
     _url_option(push)
-    push.add_argument(
-        "--path",
-        default=DEFAULT_INBOUND_PATH,
-        help=f"the inbound's path (default: {DEFAULT_INBOUND_PATH})",
-    )
-    push.add_argument(
-        "--user", default=DEFAULT_USERNAME, help=f"Basic Auth user (default: {DEFAULT_USERNAME})"
-    )
-    push.add_argument(
-        "--password",
-        help=f"Basic Auth password (default: ${PASSWORD_ENV}, else {DEV_INBOUND_PASSWORD})",
-    )
-    push.add_argument("--name", required=True, help="the event name listeners receive")
-    push.add_argument(
-        "--audience",
-        required=True,
-        metavar="JSON",
-        help=f"a JSON list of queries, like '{EXAMPLE_AUDIENCE}'",
-    )
-    push.add_argument("--payload", metavar="JSON", help=f"a JSON object, like '{EXAMPLE_PAYLOAD}'")
-    push.add_argument(
-        "--envelope",
-        action="store_true",
-        help='send {"name", "audience", "payload"} instead (for an envelope inbound)',
-    )
-    push.set_defaults(run=clients.push)
+    add_push_arguments(push)
+    push.set_defaults(run=run_push)
 
     criteria_job = commands.add_parser(
         "criteria-job",
@@ -294,16 +277,6 @@ def _secret_option(parser: argparse.ArgumentParser, prefix: str = "") -> None:
         "--secret",
         help=f"{prefix}the HS256 secret (default: ${JWT_SECRET_ENV}, else the development secret)",
     )
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
-    return value
 
 
 def _port(text: str) -> int:

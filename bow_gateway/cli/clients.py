@@ -1,10 +1,9 @@
-"""The commands that try a gateway out: ``token`` (mint a JWT) and ``push`` (POST a message), and
-what ``listen`` (in its own module) shares with them: minting, the signing secret, JSON options."""
+"""``token`` (mint a JWT), and what ``listen`` and ``push`` (in their own modules) share with it:
+minting, the signing secret, JSON options."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import json
 import os
@@ -12,10 +11,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
-
-from ..standalone import DEV_INBOUND_PASSWORD, DEV_JWT_SECRET, JWT_SECRET_ENV
-from .common import EXAMPLE_CRITERIA, PASSWORD_ENV, UsageError
+from ..standalone import DEV_JWT_SECRET, JWT_SECRET_ENV
+from .common import EXAMPLE_CRITERIA, UsageError
 
 # -- token --------------------------------------------------------------------------------------
 
@@ -54,55 +51,11 @@ def signing_secret(given: str | None) -> str:
     return DEV_JWT_SECRET
 
 
-# -- push ---------------------------------------------------------------------------------------
-
-
-def push(args: argparse.Namespace) -> int:
-    audience = _json(args.audience, "--audience")
-    body: dict[str, Any] = {"name": args.name, "audience": audience}
-    if args.payload is not None:
-        payload = _json(args.payload, "--payload")
-        if args.envelope:
-            body["payload"] = payload
-        elif not isinstance(payload, dict):
-            raise UsageError(
-                "--payload must be a JSON object: the pass-through inbound sends the body itself "
-                "as the payload (use --envelope to send {name, audience, payload})"
-            )
-        elif {"name", "audience"} & payload.keys():
-            raise UsageError("--payload must not set 'name' or 'audience': use --name, --audience")
-        else:
-            body.update(payload)
-    password = args.password or os.environ.get(PASSWORD_ENV) or DEV_INBOUND_PASSWORD
-    return asyncio.run(_post(args.url.rstrip("/") + args.path, args.user, password, body))
-
-
-async def _post(url: str, user: str, password: str, body: Any) -> int:
-    headers = {"Authorization": aiohttp.encode_basic_auth(user, password)}
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
-            session.post(url, json=body, headers=headers) as response,
-        ):
-            text = (await response.text()).strip()
-    except (aiohttp.ClientError, TimeoutError) as error:
-        print(
-            f"bow-gateway push: cannot reach {url}: {error or type(error).__name__}",
-            file=sys.stderr,
-        )
-        return 1
-    status = f"{response.status} {response.reason}"
-    if response.status == 204:
-        print(f"{status}: accepted")
-        return 0
-    print(f"bow-gateway push: {status}" + (f": {text}" if text else ""), file=sys.stderr)
-    return 1
-
-
 # -- shared -------------------------------------------------------------------------------------
 
 
-def _json(text: str, option: str) -> Any:
+def json_value(text: str, option: str) -> Any:
+    """An option's JSON value; a usage error naming the option if it is not JSON."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
@@ -110,7 +63,7 @@ def _json(text: str, option: str) -> Any:
 
 
 def json_object(text: str, option: str) -> dict[str, Any]:
-    value = _json(text, option)
+    value = json_value(text, option)
     if not isinstance(value, dict):
         raise UsageError(f"{option} must be a JSON object, like {EXAMPLE_CRITERIA}: {text}")
     return value

@@ -3,6 +3,7 @@ and stopping on a signal."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import signal
 from typing import Final
@@ -37,3 +38,14 @@ def stop_on_signals() -> asyncio.Event:
         except (NotImplementedError, RuntimeError):  # not on this platform or thread
             pass
     return stop
+
+
+def positive_int(text: str) -> int:
+    """An option's whole number, at least 1 (argparse's ``type``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
+    return value

@@ -139,10 +139,11 @@ def tour(bow: Bow, settings: Settings) -> str:
         )
     elif default:
         lines.append(f"  tokens: HS256 JWTs signed with ${JWT_SECRET_ENV}")
-    if not settings.inbounds or not settings.outbounds:
+    json_inbounds = [i for i in settings.inbounds if i.create_message_from_request_body]
+    if not json_inbounds or not settings.outbounds:
         return "\n".join(lines)
 
-    path = settings.inbounds[0].path
+    path = json_inbounds[0].path
     version = settings.outbounds[0].version
     target = [] if url == DEFAULT_URL else ["--url", url]
     push = ["bow-gateway", "push", *target]

@@ -156,10 +156,8 @@ class GobblerEndpoint:
         ended.add_done_callback(lambda _: outbound.spawn(_close(websocket, connection)))
         self._open(connection)
         try:
-            if await self._authenticate(connection, _token(request)):
-                await self._read(websocket, connection)
-            else:
-                await ended
+            await self._authenticate(connection, _token(request))
+            await self._read(websocket, connection)  # refused: until the close is answered
         finally:
             self._forget(connection)
         return websocket

@@ -160,12 +160,13 @@ class Commands:
             why = "this gateway takes no publish from clients"
         else:
             details = connection.details if connection.listener_id is not None else None
-            extra = {
+            fields = {
                 "headers": headers,
                 "user_id": "" if connection.listener_id is None else str(connection.listener_id),
                 "application_id": connection.session or "",
                 "message_id": message_id,
             }
+            extra = {key: value for key, value in fields.items() if value}
             try:
                 position, sequence = await outbound.client_publish(
                     connection.outbound, details, path, body, extra=extra
