@@ -140,6 +140,9 @@ class RedisBackplane(Backplane):
         scripts = Scripts(client)
         try:
             self._cursor = await self._tail(client, scripts)
+            # Every script at once: a pipeline mixing scripts must never find one loaded and
+            # another not, or the calls sent again after loading would land after the others.
+            await scripts.load_all()
         except BaseException:
             for close in closers:
                 await close()

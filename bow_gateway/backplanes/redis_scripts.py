@@ -173,6 +173,10 @@ class Scripts:
         sha: str = self._registered[name].sha
         return sha
 
+    async def load_all(self) -> None:
+        for name in self._registered:
+            await self.load(name)
+
     async def load(self, name: str) -> None:
         """``SCRIPT LOAD`` (on every primary of a cluster)."""
         await self._client.script_load(self._registered[name].script)
@@ -212,8 +216,7 @@ class Scripts:
                     missing.append(n)
             if not missing or attempt:
                 break
-            for name in sorted({calls[n][0] for n in missing}):
-                await self.load(name)
+            await self.load_all()  # Redis lost them all (a restart, SCRIPT FLUSH): all fail
             todo = missing
         return results
 

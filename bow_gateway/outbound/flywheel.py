@@ -16,7 +16,7 @@ import asyncio
 import secrets
 from typing import TYPE_CHECKING, Any, Final
 
-from aiohttp import WSMsgType, hdrs, web
+from aiohttp import WSMsgType, web
 
 from .. import codes
 from ..codes import Code
@@ -26,6 +26,15 @@ from ..ratelimit import TokenBucket
 from ..seams import websocket_frame
 from .codec import Encoded
 from .connection import Connection, logger
+from .endpoints import (
+    close_reason,
+    close_websocket,
+    let_go,
+    not_an_upgrade,
+    pick_version,
+    take_in,
+    too_busy,
+)
 from .flywheel_bind import Binder, error_frame
 from .publishing import PublishRefused
 
@@ -36,7 +45,6 @@ PING_EVERY: Final = 25.0  # seconds between two pings to a connection
 PONG_WITHIN: Final = 20.0  # seconds a client has to answer a ping before it is cut off
 SWEEP: Final = 1.0  # seconds between two looks at the connections' pings
 CLOSE_WAIT: Final = 1.0  # seconds a closed connection's client has to answer the close
-MAX_CLOSE_REASON: Final = 123  # bytes of a close frame's reason (RFC 6455 5.5)
 PING_FRAME: Final = b"\x89\x00"
 
 
@@ -121,11 +129,7 @@ class FlywheelEndpoint:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         why = self._limits.refusal()
         if why is not None:
-            return web.json_response(
-                {**codes.TOO_MANY_REQUESTS.data(), "text": why},
-                status=503,
-                headers={hdrs.RETRY_AFTER: "1"},
-            )
+            return too_busy(why)
         websocket = web.WebSocketResponse(
             autoping=False,
             compress=False,
@@ -133,13 +137,12 @@ class FlywheelEndpoint:
             timeout=CLOSE_WAIT,
         )
         if not websocket.can_prepare(request).ok:
-            text = "the Flywheel outbound takes a WebSocket upgrade (GET with Upgrade: websocket)"
-            return web.json_response({**codes.BAD_REQUEST.data(), "text": text}, status=400)
+            return not_an_upgrade("Flywheel")
         await websocket.prepare(request)
-        plugin, refusal = self._version(request)
+        plugin, refusal = pick_version(self._outbound, request)
         if plugin is None:
             logger.info("refusing a Flywheel connection: %s", refusal)
-            await websocket.close(code=codes.UNKNOWN_VERSION.code, message=_reason(refusal))
+            await websocket.close(code=codes.UNKNOWN_VERSION.code, message=close_reason(refusal))
             return websocket
         outbound = self._outbound
         sid = "fw-" + secrets.token_urlsafe(12)
@@ -155,7 +158,7 @@ class FlywheelEndpoint:
         connection.transport = request.transport
         ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         connection.ended = ended
-        ended.add_done_callback(lambda _: outbound.spawn(_close(websocket, connection)))
+        ended.add_done_callback(lambda _: outbound.spawn(close_websocket(websocket, connection)))
         self._open(connection)
         try:
             await self._read(websocket, connection)
@@ -163,27 +166,9 @@ class FlywheelEndpoint:
             self._forget(connection)
         return websocket
 
-    def _version(self, request: web.Request) -> tuple[Any, str]:
-        plugins = self._outbound.outbounds
-        asked = request.query.get("v")
-        if asked is None and len(plugins) == 1:
-            return next(iter(plugins.values())), ""
-        if not asked:
-            return None, "no outbound version: connect with ?v="
-        found = plugins.get(asked.removeprefix("v"))
-        if found is None:
-            known = ", ".join(sorted(p.version for p in plugins.values())) or "none"
-            return None, f"unknown outbound version {asked[:32]!r}: this gateway serves {known}"
-        return found, ""
-
     def _open(self, connection: Connection) -> None:
         outbound = self._outbound
-        outbound.connections[connection.sid] = connection
-        outbound.open_connections += 1
-        outbound.metrics.connections_open.inc()
-        outbound.metrics.sockets_connected.labels(
-            connection.outbound.version, FLYWHEEL.protocol
-        ).inc()
+        take_in(outbound, connection)
         outbound.topics[connection.outbound.middleware_version].hold_strictly(connection)
         if connection.transport is not None:
             outbound.writer.bound_kernel_buffer(connection.transport)
@@ -288,21 +273,7 @@ class FlywheelEndpoint:
         if deadline is not None:
             deadline.cancel()
         self._binder.leave_session(connection)
-        if outbound.connections.pop(connection.sid, None) is None:
-            return
-        outbound.open_connections -= 1
-        outbound.metrics.connections_open.dec()
-        outbound.metrics.sockets_connected.labels(
-            connection.outbound.version, FLYWHEEL.protocol
-        ).dec()
-        outbound.authenticator.forget(connection)
-        outbound.topics[connection.outbound.middleware_version].discard(connection)
-        why = connection.closing or "client gone"
-        connection.closing = why
-        outbound.metrics.disconnects.labels(why).inc()
-        logger.info("Flywheel connection %s ended: %s", connection.sid, why)
-        if connection.ended is not None and not connection.ended.done():
-            connection.ended.set_result(None)
+        let_go(outbound, connection)
 
     async def _sweep(self) -> None:
         """While connections are open: ping each every :data:`PING_EVERY` seconds, and cut off
@@ -325,14 +296,3 @@ class FlywheelEndpoint:
                         transport.write(PING_FRAME)
         finally:
             self._sweeping = False
-
-
-async def _close(websocket: web.WebSocketResponse, connection: Connection) -> None:
-    """Close a connection the gateway ended, with its code and why (1000 when it has none)."""
-    code, text = connection.farewell or (1000, "")
-    await websocket.close(code=code, message=_reason(text))
-
-
-def _reason(text: str) -> bytes:
-    """A close frame's reason: at most 123 bytes of UTF-8, cut on a character boundary."""
-    return text.encode()[:MAX_CLOSE_REASON].decode(errors="ignore").encode()

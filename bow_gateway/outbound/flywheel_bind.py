@@ -15,11 +15,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from .. import codes
-from ..criteria import ID_KEY, ListenerId
 from ..message import dumps, parse_json
 from ..seams import websocket_frame
 from ..topics import SYSTEM_PREFIX, parse_filter
-from .connection import Connection, logger
+from .connection import Connection
 from .expiry import Refusal
 
 if TYPE_CHECKING:
@@ -130,58 +129,21 @@ class Binder:
     async def _authenticate(self, connection: Connection, auth: Any, errors: list[Error]) -> bool:
         """Authenticate with the bind's ``auth``; False when the connection is being closed."""
         outbound = self._outbound
-        authenticator = outbound.authenticator
         credentials, wrong = _credentials(auth)
         if wrong:
             errors.append(general(wrong))
             return True
         if not connection.authenticates.take():
             limit = outbound.settings.max_authenticates_per_minute
-            errors.append(general(f"over {limit} binds with auth a minute"))
             outbound.close(connection, codes.TOO_MANY_REQUESTS, f"over {limit} auth a minute")
-            return False
-        version = connection.outbound.version
-        history = outbound.history
-        basis = history.last
-        refreshes = authenticator.refreshes(connection.outbound.middleware_version)
-        try:
-            details, criteria = await authenticator.criteria_for(connection, credentials)
-        except Refusal as refusal:
-            outbound.metrics.authentications.labels(version, "refused").inc()
-            errors.append(general(str(refusal)))
-            outbound.close(connection, refusal.code, str(refusal), kind="refused")
-            return False
-        if connection.closing is not None:
-            return False
-        listener_id: ListenerId | None = None if details is None else details["id"]
-        upgrade = connection.listener_id is None and listener_id is not None
-        if connection.authenticated and listener_id != connection.listener_id and not upgrade:
-            text = "a connection cannot change its id: connect a new one"
-            errors.append(general(text))
-            outbound.close(connection, codes.ID_CHANGED, text)
-            return False
-        if listener_id is not None and connection.listener_id is None:
-            if not await authenticator.take_place(connection, listener_id):
-                errors.append(general("too many connections for this listener"))
-                return False
-        if listener_id is not None:
-            control = history.changes.control_after(basis, listener_id)
-            if control is not None and control[0] == "kick":
-                kick = control[1]
-                errors.append(general(kick.reason or "kicked"))
-                outbound.close(
-                    connection, codes.KICKED, kick.reason or "kicked", reconnect=kick.reconnect
-                )
-                return False
-            if control is not None:  # POST /_bow/criteria while the functions ran: it wins
-                criteria = {**control[1], ID_KEY: listener_id}
-        authenticator.hold(connection, listener_id, details, criteria)
-        connection.details = details  # create_message_from_publish is given them
-        outbound.metrics.authentications.labels(version, "accepted").inc()
-        logger.info("Flywheel connection %s bound as listener %r", connection.sid, listener_id)
-        if listener_id is not None:
-            await authenticator.share(connection, listener_id, criteria, refreshes, basis)
-        return connection.closing is None
+        else:
+            try:
+                if await outbound.authenticator.admit(connection, credentials):
+                    return True
+            except Refusal as refusal:
+                outbound.close(connection, refusal.code, str(refusal), kind="refused")
+        errors.append(general(connection.farewell[1] if connection.farewell else "closed"))
+        return False
 
     # -- subscriptions ----------------------------------------------------------------------
 

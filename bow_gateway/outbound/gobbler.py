@@ -16,7 +16,7 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any, Final
 
-from aiohttp import WSMsgType, hdrs, web
+from aiohttp import WSMsgType, web
 
 from .. import codes
 from ..codes import Code
@@ -26,6 +26,16 @@ from ..ratelimit import TokenBucket
 from ..seams import websocket_frame
 from .codec import Encoded
 from .connection import Connection, logger
+from .endpoints import (
+    bearer_token,
+    close_reason,
+    close_websocket,
+    let_go,
+    not_an_upgrade,
+    pick_version,
+    take_in,
+    too_busy,
+)
 from .expiry import Refusal
 from .gobbler_commands import Commands, status
 
@@ -33,7 +43,6 @@ if TYPE_CHECKING:
     from .sockets import SocketOutbound
 
 CLOSE_WAIT: Final = 1.0  # seconds a closed connection's client has to answer the close
-MAX_CLOSE_REASON: Final = 123  # bytes of a close frame's reason (RFC 6455 5.5)
 
 
 class GobblerCodec:
@@ -123,11 +132,7 @@ class GobblerEndpoint:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         why = self._limits.refusal()
         if why is not None:
-            return web.json_response(
-                {**codes.TOO_MANY_REQUESTS.data(), "text": why},
-                status=503,
-                headers={hdrs.RETRY_AFTER: "1"},
-            )
+            return too_busy(why)
         websocket = web.WebSocketResponse(
             autoping=True,
             heartbeat=25.0,
@@ -136,13 +141,12 @@ class GobblerEndpoint:
             timeout=CLOSE_WAIT,
         )
         if not websocket.can_prepare(request).ok:
-            text = "the Gobbler outbound takes a WebSocket upgrade (GET with Upgrade: websocket)"
-            return web.json_response({**codes.BAD_REQUEST.data(), "text": text}, status=400)
+            return not_an_upgrade("Gobbler")
         await websocket.prepare(request)
-        plugin, refusal = self._version(request)
+        plugin, refusal = pick_version(self._outbound, request)
         if plugin is None:
             logger.info("refusing a Gobbler connection: %s", refusal)
-            await websocket.close(code=codes.UNKNOWN_VERSION.code, message=_reason(refusal))
+            await websocket.close(code=codes.UNKNOWN_VERSION.code, message=close_reason(refusal))
             return websocket
         outbound = self._outbound
         sid = "gb-" + secrets.token_urlsafe(12)
@@ -153,83 +157,37 @@ class GobblerEndpoint:
         connection.session = application[:64]  # Gobbler's publisherApplicationId
         ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         connection.ended = ended
-        ended.add_done_callback(lambda _: outbound.spawn(_close(websocket, connection)))
-        self._open(connection)
-        try:
-            await self._authenticate(connection, _token(request))
-            await self._read(websocket, connection)  # refused: until the close is answered
-        finally:
-            self._forget(connection)
-        return websocket
-
-    def _version(self, request: web.Request) -> tuple[Any, str]:
-        plugins = self._outbound.outbounds
-        asked = request.query.get("v")
-        if asked is None and len(plugins) == 1:
-            return next(iter(plugins.values())), ""
-        if not asked:
-            return None, "no outbound version: connect with ?v="
-        found = plugins.get(asked.removeprefix("v"))
-        if found is None:
-            known = ", ".join(sorted(p.version for p in plugins.values())) or "none"
-            return None, f"unknown outbound version {asked[:32]!r}: this gateway serves {known}"
-        return found, ""
-
-    def _open(self, connection: Connection) -> None:
-        outbound = self._outbound
-        outbound.connections[connection.sid] = connection
-        outbound.open_connections += 1
-        outbound.metrics.connections_open.inc()
-        outbound.metrics.sockets_connected.labels(connection.outbound.version, "gobbler").inc()
-        outbound.topics[connection.outbound.middleware_version].hold_strictly(connection)
+        ended.add_done_callback(lambda _: outbound.spawn(close_websocket(websocket, connection)))
+        take_in(outbound, connection)
+        outbound.topics[plugin.middleware_version].hold_strictly(connection)
         if connection.transport is not None:
             outbound.writer.bound_kernel_buffer(connection.transport)
+        try:
+            await self._authenticate(connection, bearer_token(request))
+            await self._read(websocket, connection)  # refused: until the close is answered
+        finally:
+            let_go(outbound, connection)
+        return websocket
 
-    async def _authenticate(self, connection: Connection, token: str | None) -> bool:
-        """The token of the handshake (none: anonymous, where the outbound allows it), then
+    async def _authenticate(self, connection: Connection, token: str | None) -> None:
+        """The handshake's token (none: anonymous, where the outbound allows it), then
         ``#ok-connected``; a refusal closes with its code."""
         outbound = self._outbound
-        authenticator = outbound.authenticator
-        version = connection.outbound.version
         if token is None and connection.outbound.anonymous_criteria is None:
             text = "no token: send Authorization: Bearer or the token query parameter"
             outbound.close(connection, codes.AUTH_REFUSED, text, kind="refused")
-            return False
-        basis = outbound.history.last
-        refreshes = authenticator.refreshes(connection.outbound.middleware_version)
+            return
         try:
-            details, criteria = await authenticator.criteria_for(connection, token)
+            if not await outbound.authenticator.admit(connection, token):
+                return
         except Refusal as refusal:
-            outbound.metrics.authentications.labels(version, "refused").inc()
             outbound.close(connection, refusal.code, str(refusal), kind="refused")
-            return False
-        listener_id = None if details is None else details["id"]
-        if listener_id is not None and not await authenticator.take_place(connection, listener_id):
-            return False
-        if connection.closing is not None:
-            return False
-        if listener_id is not None:
-            control = outbound.history.changes.control_after(basis, listener_id)
-            if control is not None and control[0] == "kick":
-                kick = control[1]
-                outbound.close(
-                    connection, codes.KICKED, kick.reason or "kicked", reconnect=kick.reconnect
-                )
-                return False
-            if control is not None:
-                criteria = {**control[1], "__id": listener_id}
-        authenticator.hold(connection, listener_id, details, criteria)
-        connection.details = details
-        outbound.metrics.authentications.labels(version, "accepted").inc()
-        user = "" if listener_id is None else str(listener_id)
+            return
+        user = "" if connection.listener_id is None else str(connection.listener_id)
         hello = {"ApplicationId": connection.session, "UserId": user, "Time": str(int(time.time()))}
         outbound.writer.write(
             connection, status("#ok-connected", "You are connected to the server.", hello)
         )
-        logger.info("Gobbler connection %s opened for listener %r", connection.sid, listener_id)
-        if listener_id is not None:
-            await authenticator.share(connection, listener_id, criteria, refreshes, basis)
-        return connection.closing is None
 
     async def _read(self, websocket: web.WebSocketResponse, connection: Connection) -> None:
         """Every command the client sends, one at a time, until the connection closes."""
@@ -248,41 +206,3 @@ class GobblerEndpoint:
                     )
             else:  # CLOSE, CLOSING, CLOSED, ERROR (a frame over max_incoming_bytes...)
                 return
-
-    def _forget(self, connection: Connection) -> None:
-        """The connection ended (the gateway closed it, or its client went): as a disconnect."""
-        outbound = self._outbound
-        if outbound.connections.pop(connection.sid, None) is None:
-            return
-        outbound.open_connections -= 1
-        outbound.metrics.connections_open.dec()
-        outbound.metrics.sockets_connected.labels(connection.outbound.version, "gobbler").dec()
-        outbound.authenticator.forget(connection)
-        outbound.topics[connection.outbound.middleware_version].discard(connection)
-        why = connection.closing or "client gone"
-        connection.closing = why
-        connection.backlog = None
-        outbound.metrics.disconnects.labels(why).inc()
-        logger.info("Gobbler connection %s ended: %s", connection.sid, why)
-        if connection.ended is not None and not connection.ended.done():
-            connection.ended.set_result(None)
-
-
-def _token(request: web.Request) -> str | None:
-    """The bearer token of the ``Authorization`` header, else the ``token`` query parameter."""
-    header = request.headers.get(hdrs.AUTHORIZATION, "")
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
-    return request.query.get("token") or None
-
-
-async def _close(websocket: web.WebSocketResponse, connection: Connection) -> None:
-    """Close a connection the gateway ended, with its code and why (1000 when it has none)."""
-    code, text = connection.farewell or (1000, "")
-    await websocket.close(code=code, message=_reason(text))
-
-
-def _reason(text: str) -> bytes:
-    """A close frame's reason: at most 123 bytes of UTF-8, cut on a character boundary."""
-    return text.encode()[:MAX_CLOSE_REASON].decode(errors="ignore").encode()
