@@ -96,6 +96,56 @@ class SocketIO:
         return gateway_event(name, meta)
 
 
+class FramedCodec:
+    """The codec of a protocol served on a plain WebSocket (Flywheel, Gobbler): its packets are
+    whole frames, no positions, and a fatal alert is the close frame its endpoint sends with
+    the code (``Connection.farewell``). Subclasses frame a message and a non-fatal notice."""
+
+    __slots__ = ("name", "positioned", "protocol", "reauthenticates")
+
+    def __init__(self, protocol: str, *, reauthenticates: bool) -> None:
+        self.name = self.protocol = protocol
+        self.positioned = False
+        self.reauthenticates = reauthenticates
+
+    def message(self, event: MessageEvent, position: str) -> Encoded:
+        frame = self.replayed(event, position)
+        return frame, frame
+
+    def replayed(self, event: MessageEvent, position: str) -> bytes:
+        raise NotImplementedError
+
+    def frame(self, packet: bytes) -> bytes:
+        return packet
+
+    def alert(
+        self,
+        code: Code,
+        text: str,
+        *,
+        fatal: bool = True,
+        reconnect: str | None = None,
+        session: str | None = None,
+    ) -> bytes:
+        return b"" if fatal else self.notice(code, text, session)
+
+    def notice(self, code: Code, text: str, session: str | None) -> bytes:
+        """A non-fatal alert (4100), in the protocol's own words."""
+        raise NotImplementedError
+
+    def gateway_event(self, name: str, meta: dict[str, Any]) -> bytes:
+        return b""  # no positions in these protocols
+
+
+def text_body(message: Message) -> bytes:
+    """A message's body as text protocols carry it: a string as it is, another payload as its
+    JSON, nothing without a payload."""
+    payload = message.payload
+    if isinstance(payload, str):
+        return payload.encode()
+    return dumps(payload) if message.has_payload else b""
+
+
 PROTOCOL_1: Final = SocketIO(1)
 PROTOCOL_2: Final = SocketIO(2)
 

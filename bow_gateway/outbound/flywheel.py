@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from aiohttp import WSMsgType, web
 
 from .. import codes
 from ..codes import Code
 from ..http_server import HandshakeLimits
-from ..message import Message, MessageEvent, dumps
+from ..message import MessageEvent, dumps
 from ..ratelimit import TokenBucket
 from ..seams import websocket_frame
-from .codec import Encoded
+from .codec import FramedCodec, text_body
 from .connection import Connection, logger
 from .endpoints import (
     close_reason,
@@ -48,57 +48,24 @@ CLOSE_WAIT: Final = 1.0  # seconds a closed connection's client has to answer th
 PING_FRAME: Final = b"\x89\x00"
 
 
-class FlywheelCodec:
-    """``R {name} {body}`` text frames: a string payload as it is, anything else as its JSON.
+class FlywheelCodec(FramedCodec):
+    """``R {name} {body}`` text frames (:func:`~.codec.text_body`); a non-fatal alert (4100) is
+    a direct message on ``$remote/{sessionId or anon}/rx/alerts``."""
 
-    The packets are the frames themselves (no long-polling to queue them for). A fatal alert is
-    the close frame the endpoint sends with the code; a non-fatal one (4100) is a direct message
-    on ``$remote/{sessionId or anon}/rx/alerts``."""
-
-    __slots__ = ("name", "positioned", "protocol", "reauthenticates")
+    __slots__ = ()
 
     def __init__(self) -> None:
-        self.name = self.protocol = "flywheel"
-        self.positioned = False
-        self.reauthenticates = True
-
-    def message(self, event: MessageEvent, position: str) -> Encoded:
-        frame = self.replayed(event, position)
-        return frame, frame
+        super().__init__("flywheel", reauthenticates=True)
 
     def replayed(self, event: MessageEvent, position: str) -> bytes:
-        return receive_frame(event.message.name, body_of(event.message))
+        return receive_frame(event.message.name, text_body(event.message))
 
-    def frame(self, packet: bytes) -> bytes:
-        return packet
-
-    def alert(
-        self,
-        code: Code,
-        text: str,
-        *,
-        fatal: bool = True,
-        reconnect: str | None = None,
-        session: str | None = None,
-    ) -> bytes:
-        if fatal:
-            return b""  # the close frame says it (Connection.farewell)
+    def notice(self, code: Code, text: str, session: str | None) -> bytes:
         data = {"code": code.code, "reason": code.reason, "text": text}
         return receive_frame(f"$remote/{session or 'anon'}/rx/alerts", dumps(data))
 
-    def gateway_event(self, name: str, meta: dict[str, Any]) -> bytes:
-        return b""  # no positions in Flywheel's protocol
-
 
 FLYWHEEL: Final = FlywheelCodec()
-
-
-def body_of(message: Message) -> bytes:
-    """A message's body in an ``R`` frame: a string as it is, another payload as JSON."""
-    payload = message.payload
-    if isinstance(payload, str):
-        return payload.encode()
-    return dumps(payload) if message.has_payload else b""
 
 
 def receive_frame(topic: str, body: bytes) -> bytes:

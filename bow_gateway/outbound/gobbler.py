@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from aiohttp import WSMsgType, web
 
@@ -24,7 +24,7 @@ from ..http_server import HandshakeLimits
 from ..message import MessageEvent, dumps
 from ..ratelimit import TokenBucket
 from ..seams import websocket_frame
-from .codec import Encoded
+from .codec import FramedCodec, text_body
 from .connection import Connection, logger
 from .endpoints import (
     bearer_token,
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 CLOSE_WAIT: Final = 1.0  # seconds a closed connection's client has to answer the close
 
 
-class GobblerCodec:
+class GobblerCodec(FramedCodec):
     """Gobbler's message format, one text frame per message::
 
         {path},{sequenceId},{publisherUserId},{publisherApplicationId},{publisherMessageId},{time}
@@ -53,21 +53,14 @@ class GobblerCodec:
         {body}
 
     The sequence is the message's in its topic's history (0 when no ``[[history]]`` keeps it);
-    the body is a string payload as it is, anything else as its JSON. The headers line is always
-    there (``{}`` without headers), so that a body starting with ``{`` is never taken for it.
-    A fatal alert is the close frame the endpoint sends; a non-fatal one (4100) the status
-    message ``!refresh-required``."""
+    the body is :func:`~.codec.text_body`. The headers line is always there (``{}`` without
+    headers), so that a body starting with ``{`` is never taken for it. A non-fatal alert (4100)
+    is the status message ``!refresh-required``."""
 
-    __slots__ = ("name", "positioned", "protocol", "reauthenticates")
+    __slots__ = ()
 
     def __init__(self) -> None:
-        self.name = self.protocol = "gobbler"
-        self.positioned = False
-        self.reauthenticates = False
-
-    def message(self, event: MessageEvent, position: str) -> Encoded:
-        frame = self.replayed(event, position)
-        return frame, frame
+        super().__init__("gobbler", reauthenticates=False)
 
     def replayed(self, event: MessageEvent, position: str) -> bytes:
         message = event.message
@@ -82,31 +75,11 @@ class GobblerCodec:
                 publication.message_id or "",
             ]
         head = ",".join([message.name, str(event.sequence or 0), *ids, str(int(event.accepted_at))])
-        payload = message.payload
-        if isinstance(payload, str):
-            body = payload.encode()
-        else:
-            body = dumps(payload) if message.has_payload else b""
+        body = text_body(message)
         return websocket_frame(head.encode() + b"\n" + dumps(headers) + b"\n" + body)
 
-    def frame(self, packet: bytes) -> bytes:
-        return packet
-
-    def alert(
-        self,
-        code: Code,
-        text: str,
-        *,
-        fatal: bool = True,
-        reconnect: str | None = None,
-        session: str | None = None,
-    ) -> bytes:
-        if fatal:
-            return b""  # the close frame says it (Connection.farewell)
+    def notice(self, code: Code, text: str, session: str | None) -> bytes:
         return status("!" + code.reason.replace("_", "-"), text, {"code": code.code})
-
-    def gateway_event(self, name: str, meta: dict[str, Any]) -> bytes:
-        return b""  # no positions in Gobbler's protocol
 
 
 GOBBLER: Final = GobblerCodec()
