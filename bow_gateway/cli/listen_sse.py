@@ -31,13 +31,15 @@ TOKEN_EXPIRED: Final = "token_expired"
 @dataclass
 class Ended:
     """How one stream ended: ``alert`` (its data), ``refused`` (the status and JSON body before
-    the stream), ``lost`` (no alert: the connection went, or never came, ``why``)."""
+    the stream), ``lost`` (no alert: the connection went, ``opened`` if it was a stream, or never
+    came; ``why``)."""
 
     kind: str
     info: dict[str, Any]
     status: int = 0
     why: str = ""
     retry_after: float = 0.0
+    opened: bool = False
 
 
 def address_of(plan: Plan) -> str:
@@ -106,7 +108,7 @@ class SseListener:
             if ended.kind == "lost" and not self.opened:
                 say(f"bow-gateway listen: cannot reach {self.address}: {ended.why}")
                 return 1
-            if ended.kind == "lost" and ended.why == "opened":
+            if ended.opened:
                 lost_since, delay = None, FIRST_DELAY  # it had a stream: patience starts again
             now = time.monotonic()
             lost_since = now if lost_since is None else lost_since
@@ -114,8 +116,12 @@ class SseListener:
                 say(f"bow-gateway listen: no stream for {PATIENCE:g} s: giving up")
                 return 1
             wait = max(delay, ended.retry_after)
-            said = ended.why if ended.kind == "lost" else f"{ended.status} (Retry-After)"
-            said = "the stream ended without an alert" if said == "opened" else said
+            if ended.opened:
+                said = "the stream ended without an alert" + (
+                    f" ({ended.why})" if ended.why else ""
+                )
+            else:
+                said = ended.why if ended.kind == "lost" else f"{ended.status} (Retry-After)"
             after = f" after {self.last_id}" if self.last_id else ""
             say(f"bow-gateway listen: {said}; resuming{after} in {wait:g} s")
             await asyncio.sleep(wait)
@@ -130,6 +136,7 @@ class SseListener:
             headers["Authorization"] = f"Bearer {self.token}"
         if self.last_id:
             headers["Last-Event-ID"] = self.last_id
+        opened = False
         try:
             async with self.http.get(self.address, headers=headers) as response:
                 if response.status != 200:
@@ -141,13 +148,13 @@ class SseListener:
                         f"listening on {self.address}; "
                         "events appear below as JSON lines (Ctrl-C to stop)"
                     )
-                self.opened = True
+                self.opened = opened = True
                 alert = await self.events(response.content)
         except (aiohttp.ClientError, OSError) as error:
-            return Ended("lost", {}, why=str(error) or type(error).__name__)
+            return Ended("lost", {}, why=str(error) or type(error).__name__, opened=opened)
         if alert is not None:
             return Ended("alert", alert)
-        return Ended("lost", {}, why="opened")
+        return Ended("lost", {}, opened=True)
 
     async def events(self, content: aiohttp.StreamReader) -> dict[str, Any] | None:
         """Print the stream's events until it ends; its alert's data, if it sent one."""
