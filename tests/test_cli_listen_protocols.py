@@ -18,6 +18,7 @@ from bow_gateway.cli import main
 
 from .served import PYTHON, Served, clean_env, free_port, serve, wait_for_health
 from .support import SECRET, token
+from .test_cli import SHELL_PRELUDE
 from .test_cli_listen import Listening, assert_closed_cleanly, listen, next_line, push_at
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -336,3 +337,26 @@ async def test_sse_resumes_after_a_stream_that_ends_without_an_alert(tmp_path: P
     finally:
         second.send_signal(signal.SIGTERM)
         second.wait(15)
+
+
+@pytest.mark.parametrize(
+    ("page", "topic"), [("flywheel.md", "quotes/EURUSD"), ("sse.md", "news/a")]
+)
+async def test_the_listen_line_of_the_docs_works(gateway: Served, page: str, topic: str) -> None:
+    found = re.findall(
+        r"bow-gateway listen --protocol \w+ [^`\n]*", (ROOT / "docs" / page).read_text()
+    )
+    assert len(found) == 1, found
+    process = await asyncio.create_subprocess_exec(
+        "bash",
+        "-c",
+        f"{SHELL_PRELUDE}{found[0]} --url {gateway.url}",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=clean_env(TOKEN=token("USER/67", TEAM[0]), BOW_JWT_SECRET=SECRET),
+    )
+    listening = Listening(process)
+    await listening.until("listening on")
+    push_at(gateway, topic, TEAM)
+    assert (await next_line(listening))["event"] == topic
+    await stop(listening)
