@@ -121,7 +121,12 @@ class SseListener:
                     f" ({ended.why})" if ended.why else ""
                 )
             else:
-                said = ended.why if ended.kind == "lost" else f"{ended.status} (Retry-After)"
+                text = ended.info.get("text") or ended.why
+                said = (
+                    ended.why
+                    if ended.kind == "lost"
+                    else f"refused for now: {ended.status}: {text}"
+                )
             after = f" after {self.last_id}" if self.last_id else ""
             say(f"bow-gateway listen: {said}; resuming{after} in {wait:g} s")
             await asyncio.sleep(wait)
