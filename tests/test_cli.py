@@ -165,6 +165,8 @@ async def test_serve_prints_what_a_newcomer_needs(server: Server) -> None:
     assert DEV_JWT_SECRET in tour
     for command in ("TOKEN=$(bow-gateway token", "bow-gateway listen", "bow-gateway push"):
         assert command in tour
+    assert f"curl -N -H \"Authorization: Bearer $TOKEN\" '{server.url}/events?v=v1'" in tour
+    assert f"Flywheel WebSocket {server.url.replace('http', 'ws', 1)}/broker?v=v1" in tour
     assert f"--url {server.url}" in tour  # not the default port: the commands say where
 
 
@@ -193,15 +195,37 @@ async def test_the_printed_tour_works(server: Server) -> None:
             "data": {"name": "greeting", "audience": [{"role": "admin"}], "text": "hello"},
         }
 
-        if shutil.which("curl"):
-            curled = await run_shell(server.command("curl "))
+        assert shutil.which("curl"), "curl is missing: run tests/install-system-packages.sh"
+        logged = server.log.stat().st_size
+        streamed = await Running.start(
+            "bash", "-c", "exec " + server.command("curl -N "), env=clean_env(TOKEN=token)
+        )
+        try:
+            await logged_after(server.log, logged, "SSE stream", "opened for listener 'USER/1'")
+            curled = await run_shell(server.command("curl -i "))
             assert curled.code == 0, curled.err
             assert "204 No Content" in curled.out
             assert json.loads(await listener.stdout_line())["data"]["text"] == "hello"
+            event = [await streamed.stdout_line() for _ in range(3)]
+        finally:
+            await streamed.stop()
+        assert event[0].startswith("id: ")
+        assert event[1] == "event: greeting\n"
+        assert json.loads(event[2].removeprefix("data: "))["text"] == "hello"
     finally:
         stopped = await listener.stop(signal_number=signal.SIGINT)  # Ctrl-C
     assert stopped.code == 0, stopped.err
     assert "disconnected" not in stopped.err
+
+
+async def logged_after(log: Path, offset: int, *said: str, timeout: float = 10) -> None:
+    """Wait until serve's log, past ``offset``, has a line saying each of ``said``."""
+    async with asyncio.timeout(timeout):
+        while True:
+            lines = log.read_bytes()[offset:].decode(errors="replace").splitlines()
+            if any(all(part in line for part in said) for line in lines):
+                return
+            await asyncio.sleep(0.05)
 
 
 async def test_listen_mints_its_own_token_and_push_reaches_only_the_audience(

@@ -348,5 +348,5 @@ def test_serve_s_tour_shows_the_json_example_on_a_json_inbound(tmp_path: Path) -
     settings = load_settings(str(config))
     text = tour(build_bow(settings), settings)
     assert "push:   POST http://127.0.0.1:None/api/message/{topic:.+}" in text
-    [curl] = [line for line in text.splitlines() if line.strip().startswith("curl ")]
+    [curl] = [line for line in text.splitlines() if line.strip().startswith("curl -i ")]
     assert curl.endswith("/v1/json") and "application/json" in curl

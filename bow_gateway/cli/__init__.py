@@ -40,6 +40,7 @@ from .common import (
 from .history import add_arguments as add_history_arguments
 from .history import history as run_history
 from .listen import listen as run_listen
+from .listening import DEFAULT_PATHS, PROTOCOLS
 from .push import add_arguments as add_push_arguments
 from .push import push as run_push
 from .serve import serve as run_serve
@@ -194,11 +195,22 @@ def _parser() -> argparse.ArgumentParser:
         'With --proto 2 (docs/protocol-2.md) each line also has the event\'s "position" and\n'
         '"replayed"; __position and __gap arrive as lines too; the acknowledgement\'s result and\n'
         "alerts with their code go to stderr, and the last position when it stops. Asked to\n"
-        "re-authenticate (4100), it does so with a fresh token if it minted the first (--id).",
+        "re-authenticate (4100), it does so with a fresh token if it minted the first (--id).\n"
+        "--topic subscribes to topic filters (MQTT syntax) before authenticating.\n\n"
+        "--protocol flywheel (docs/flywheel.md): a plain WebSocket to {url}/broker; binds with\n"
+        "the token, a random sessionId and the --topic filters (default: '#', every name),\n"
+        "prints each R frame as a line (a JSON body as its value, another as a string), the\n"
+        "bind's errors and the close code on stderr; on 4100 it re-binds as --proto 2 does.\n\n"
+        "--protocol sse (docs/sse.md): reads GET {url}/events with Authorization: Bearer; each\n"
+        'line has the event\'s id as "position"; --since sends Last-Event-ID. When the stream\n'
+        "ends without an alert it resumes after the last id, as EventSource does, for up to\n"
+        "30 s; an alert ends it (exit 1), but token_expired with --id reopens with a fresh token.",
         epilog="Examples:\n"
         '  bow-gateway listen --token "$TOKEN"\n'
         f"  bow-gateway listen --id {EXAMPLE_ID} --criteria '{EXAMPLE_CRITERIA}'\n"
-        f"  bow-gateway listen --proto 2 --id {EXAMPLE_ID} --ttl 60 --since POSITION",
+        f"  bow-gateway listen --proto 2 --id {EXAMPLE_ID} --ttl 60 --since POSITION\n"
+        "  bow-gateway listen --protocol flywheel --topic 'quotes/#' --token \"$TOKEN\"\n"
+        "  bow-gateway listen --protocol sse --topic 'news/+' --token \"$TOKEN\"",
     )
     _url_option(listen)
     listen.add_argument(
@@ -224,12 +236,31 @@ def _parser() -> argparse.ArgumentParser:
     listen.add_argument(
         "--since",
         metavar="POSITION",
-        help="with --proto 2: ask for the messages missed after this position",
+        help="with --proto 2 or sse: ask for the messages missed after this position",
     )
     listen.add_argument(
         "--anonymous",
         action="store_true",
-        help="with --proto 2: authenticate with a null token (the outbound's anonymous_criteria)",
+        help="with --proto 2, flywheel or sse: no token (the outbound's anonymous_criteria)",
+    )
+    listen.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        default="socketio",
+        help="how to connect: Socket.IO, a Flywheel WebSocket or Server-Sent Events "
+        "(default: socketio)",
+    )
+    listen.add_argument(
+        "--topic",
+        action="append",
+        metavar="FILTER",
+        help="a topic filter, like 'quotes/#' (repeatable; Socket.IO: with --proto 2)",
+    )
+    listen.add_argument(
+        "--path",
+        help="the Flywheel or SSE endpoint's path (default: "
+        + ", ".join(f"{path} for {name}" for name, path in DEFAULT_PATHS.items())
+        + ")",
     )
     listen.set_defaults(run=run_listen)
 

@@ -1,7 +1,9 @@
 """``bow-gateway listen``: connect as a listener and print its events.
 
-Protocol 1 (the default) prints ``{"event", "data"}`` per event, as Bow's clients see them. With
-``--proto 2`` (docs/protocol-2.md) it asks for the missed messages after ``--since``, prints each
+This module checks the arguments, picks the protocol, and holds the Socket.IO listeners; Flywheel
+and SSE are ``listen_flywheel`` and ``listen_sse``. Protocol 1 (the default) prints ``{"event",
+"data"}`` per event, as Bow's clients see them. With ``--proto 2`` (docs/protocol-2.md) it
+subscribes to ``--topic`` filters, asks for the missed messages after ``--since``, prints each
 event with its position, the acknowledgement's result, ``__position`` and ``__gap``, alerts with
 their code, and re-authenticates with a freshly minted token when asked to (4100), if it minted the
 first one."""
@@ -12,7 +14,6 @@ import argparse
 import asyncio
 import functools
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,36 +21,19 @@ from typing import Any
 import aiohttp
 import socketio
 
+from . import listen_flywheel, listen_sse
 from .clients import json_object, mint, signing_secret
 from .common import UsageError, stop_on_signals
+from .listening import DEFAULT_PATHS, Plan, coded, first_of, print_line, say
 
 REFRESH_REQUIRED = 4100
 GATEWAY_EVENTS = ("__position", "__gap")
 
 
-@dataclass
-class Plan:
-    """What to connect with: ``proto`` is the handshake's (``None``: not sent), ``token`` the first
-    token (``None``: anonymous), ``fresh`` mints a new one (``None``: the token was given)."""
-
-    url: str
-    version: str
-    token: str | None
-    proto: str | None = None
-    since: str | None = None
-    fresh: Callable[[], str] | None = None
-
-    @property
-    def address(self) -> str:
-        return f"{self.url}?v={self.version}" + (f"&proto={self.proto}" if self.proto else "")
-
-
 def listen(args: argparse.Namespace) -> int:
-    if args.proto != "2":
-        if args.since is not None:
-            raise UsageError("--since needs --proto 2")
-        if args.anonymous:
-            raise UsageError("--anonymous needs --proto 2")
+    protocol: str = args.protocol
+    topics = tuple(args.topic or ())
+    _check_protocol_options(args, protocol, topics)
     if args.ttl is not None and args.id is None:
         raise UsageError("--ttl needs --id (it sets the minted token's exp)")
     if args.ttl is not None and args.ttl < 1:
@@ -73,8 +57,42 @@ def listen(args: argparse.Namespace) -> int:
         token = fresh()
     else:
         raise UsageError("give --token TOKEN, or --id ID [--criteria JSON] to mint one")
-    plan = Plan(args.url.rstrip("/"), args.version, token, args.proto, args.since, fresh)
+    path = args.path or DEFAULT_PATHS.get(protocol, "")
+    plan = Plan(
+        args.url.rstrip("/"), args.version, token, args.proto, args.since, fresh, protocol, topics
+    )
+    plan.path = path if path.startswith("/") else f"/{path}"
+    if protocol == "flywheel":
+        return asyncio.run(listen_flywheel.run(plan))
+    if protocol == "sse":
+        return asyncio.run(listen_sse.run(plan))
     return asyncio.run(_run_listener(plan))
+
+
+def _check_protocol_options(
+    args: argparse.Namespace, protocol: str, topics: tuple[str, ...]
+) -> None:
+    """The options each protocol takes: positions and anonymity are protocol 2's on Socket.IO,
+    ``--proto`` is Socket.IO's only, ``--path`` and ``--since`` are not everyone's."""
+    if protocol == "socketio":
+        if args.path is not None:
+            raise UsageError(
+                "--path is the Flywheel or SSE endpoint's: with --protocol flywheel|sse"
+            )
+        if args.proto != "2":
+            if args.since is not None:
+                raise UsageError("--since needs --proto 2 (or --protocol sse)")
+            if args.anonymous:
+                raise UsageError("--anonymous needs --proto 2 (or --protocol flywheel|sse)")
+            if topics:
+                raise UsageError("--topic needs --proto 2 (protocol 1 has no topic filters)")
+        return
+    if args.proto is not None:
+        raise UsageError(f"--proto is Socket.IO's handshake: not with --protocol {protocol}")
+    if protocol == "flywheel" and args.since is not None:
+        raise UsageError(
+            "--since needs positions: Flywheel has none (use --protocol sse or socketio)"
+        )
 
 
 async def _run_listener(plan: Plan) -> int:
@@ -109,32 +127,34 @@ class Listener:
             await self.client.connect(address, transports=["websocket"], wait_timeout=10)
         except socketio.exceptions.ConnectionError as error:
             reason = "; ".join(self.refusal) or str(error)
-            print(
-                f"bow-gateway listen: {address} refused the connection: {reason}", file=sys.stderr
-            )
+            say(f"bow-gateway listen: {address} refused the connection: {reason}")
             return 1
         try:
+            refused = await self.subscribe()
+            if refused is not None:
+                say(f"bow-gateway listen: subscribe refused: {refused}")
+                return 1
             await self.authenticate(self.plan.token, self.on_authenticated)
-            first = await _first(self.authenticated, self.ended, stop, timeout=30)
+            first = await first_of(self.authenticated, self.ended, stop, timeout=30)
             if first is not self.authenticated:
                 if stop.is_set():
                     return 0
                 reason = "; ".join(self.refusal) or "no answer to 'authenticate'"
-                print(f"bow-gateway listen: authentication refused: {reason}", file=sys.stderr)
+                say(f"bow-gateway listen: authentication refused: {reason}")
                 return 1
-            print(
-                f"listening on {address}; events appear below as JSON lines (Ctrl-C to stop)",
-                file=sys.stderr,
-                flush=True,
-            )
-            if await _first(self.ended, stop) is stop:
+            say(f"listening on {address}; events appear below as JSON lines (Ctrl-C to stop)")
+            if await first_of(self.ended, stop) is stop:
                 return 0
-            print("bow-gateway listen: disconnected by the server", file=sys.stderr)
+            say("bow-gateway listen: disconnected by the server")
             return 1
         finally:
             if self.client.connected:
                 await self.client.disconnect()
             self.finish()
+
+    async def subscribe(self) -> str | None:
+        """Hold the topic filters before authenticating (protocol 2's); why not, if refused."""
+        return None
 
     async def authenticate(self, token: str | None, callback: Callable[..., Any]) -> None:
         await self.client.emit("authenticate", token, callback=callback)
@@ -143,12 +163,12 @@ class Listener:
         self.authenticated.set()
 
     async def on_event(self, event: str, *data: Any) -> None:
-        _print_line(_plain_line(event, data))
+        print_line(_plain_line(event, data))
 
     async def on_alert(self, *data: Any) -> None:
         message = data[0] if len(data) == 1 else list(data)
         self.refusal.append(str(message))
-        print(f"alert: {message}", file=sys.stderr, flush=True)
+        say(f"alert: {message}")
 
     async def on_connect_error(self, *data: Any) -> None:
         # The gateway's reason comes as {"message": ...}: print the reason, not the dict.
@@ -173,6 +193,20 @@ class Listener2(Listener):
         self.positioned = False  # an event brought a position since this connection opened
         self.warned = False
 
+    async def subscribe(self) -> str | None:
+        """Before ``authenticate``, so that a recovery's replay is filtered too."""
+        if not self.plan.topics:
+            return None
+        try:
+            ack = await self.client.call("subscribe", {"add": list(self.plan.topics)}, timeout=10)
+        except socketio.exceptions.TimeoutError:
+            return "no answer to 'subscribe': this gateway takes no topic filters"
+        error = ack.get("error") if isinstance(ack, dict) else None
+        if isinstance(error, dict):
+            return f"{error.get('text')} ({coded(error)})"
+        say(f"subscribed: {json.dumps(ack, ensure_ascii=False)}")
+        return None
+
     async def authenticate(self, token: str | None, callback: Callable[..., Any]) -> None:
         options = {} if self.plan.since is None else {"since": self.plan.since}
         await self.client.emit("authenticate", (token, options), callback=callback)
@@ -193,19 +227,17 @@ class Listener2(Listener):
     def acknowledged(self, what: str, result: tuple[Any, ...]) -> None:
         if len(result) == 1 and isinstance(result[0], dict):
             line = json.dumps(result[0], ensure_ascii=False)
-            print(f"{what}: {line}", file=sys.stderr, flush=True)
+            say(f"{what}: {line}")
         elif not self.warned:
             self.warned = True
-            print(
+            say(
                 "bow-gateway listen: the acknowledgement carried no result: this gateway does not "
-                "speak protocol 2 (events print as protocol 1's)",
-                file=sys.stderr,
-                flush=True,
+                "speak protocol 2 (events print as protocol 1's)"
             )
 
     async def on_event(self, event: str, *data: Any) -> None:
         if len(data) != 2 or not isinstance(data[1], dict):
-            _print_line(_plain_line(event, data))  # not (payload, meta): shown as it came
+            print_line(_plain_line(event, data))  # not (payload, meta): shown as it came
             return
         payload, meta = data
         line: dict[str, Any] = {"event": event, "data": payload}
@@ -216,7 +248,7 @@ class Listener2(Listener):
         if position is not None:
             self.position = position
             self.positioned = True
-        _print_line(line)
+        print_line(line)
 
     async def on_alert(self, *data: Any) -> None:
         text = data[0] if data else ""
@@ -225,21 +257,19 @@ class Listener2(Listener):
             await super().on_alert(*data)
             return
         code = info.get("code")
-        said = f"{text} ({_code(info)}, reconnect: {info.get('reconnect')})"
+        said = f"{text} ({coded(info)}, reconnect: {info.get('reconnect')})"
         if info.get("fatal") is False:
             said += " [not fatal]"
-        print(f"alert: {said}", file=sys.stderr, flush=True)
+        say(f"alert: {said}")
         if code != REFRESH_REQUIRED:
             self.refusal.append(said)
         elif self.plan.fresh is None:
-            print(
+            say(
                 "bow-gateway listen: cannot refresh a token given with --token (--id mints a "
-                "fresh one): the gateway ends the socket at the end of the grace",
-                file=sys.stderr,
-                flush=True,
+                "fresh one): the gateway ends the socket at the end of the grace"
             )
         else:
-            print("bow-gateway listen: re-authenticating with a fresh token", file=sys.stderr)
+            say("bow-gateway listen: re-authenticating with a fresh token")
             await self.client.emit(
                 "authenticate", (self.plan.fresh(), {}), callback=self.on_reauthenticated
             )
@@ -248,18 +278,16 @@ class Listener2(Listener):
         for item in data:
             if isinstance(item, dict) and "message" in item:
                 details = item.get("data")
-                coded = f" ({_code(details)})" if isinstance(details, dict) else ""
-                self.refusal.append(f"{item['message']}{coded}")
+                code = f" ({coded(details)})" if isinstance(details, dict) else ""
+                self.refusal.append(f"{item['message']}{code}")
             else:
                 self.refusal.append(str(item))
 
     def finish(self) -> None:
         if self.position is not None:
-            print(
+            say(
                 f"bow-gateway listen: last position {self.position} "
-                f"(resume with --since {self.position})",
-                file=sys.stderr,
-                flush=True,
+                f"(resume with --since {self.position})"
             )
 
 
@@ -270,26 +298,6 @@ def _plain_line(event: str, data: tuple[Any, ...]) -> dict[str, Any]:
     return line
 
 
-def _print_line(line: dict[str, Any]) -> None:
-    print(json.dumps(line, ensure_ascii=False), flush=True)
-
-
 def _position(mapping: dict[str, Any]) -> str | None:
     position = mapping.get("position")
     return position if isinstance(position, str) else None
-
-
-def _code(info: dict[str, Any]) -> str:
-    """``code 4100 refresh_required``, from an alert's info or a connect_error's data."""
-    return " ".join(str(part) for part in ("code", info.get("code"), info.get("reason")) if part)
-
-
-async def _first(*events: asyncio.Event, timeout: float | None = None) -> asyncio.Event | None:
-    """The first of ``events`` to be set (checked in order), or ``None`` on timeout."""
-    waiters = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-    return next((event for event in events if event.is_set()), None)

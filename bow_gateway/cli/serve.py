@@ -126,11 +126,22 @@ def tour(bow: Bow, settings: Settings) -> str:
             f"  push:   POST {url}{inbound.path}  Basic Auth {config.username} / {password}"
             f"  (realm {config.realm!r})"
         )
+    ws_url = url.replace("http", "ws", 1)
     for outbound in settings.outbounds:
         lines.append(
             f"  listen: Socket.IO {url}/socket.io/?v={outbound.version}, then emit "
             "'authenticate' with a token"
         )
+        if config.flywheel_path:
+            lines.append(
+                f"          Flywheel WebSocket {ws_url}{config.flywheel_path}?v={outbound.version}"
+                ", then send a B frame with the token"
+            )
+        if config.sse_path:
+            lines.append(
+                f"          Server-Sent Events GET {url}{config.sse_path}?v={outbound.version}"
+                " with Authorization: Bearer <token>"
+            )
     lines.append(f"  health: GET {url}/health")
     if default and settings.uses_dev_secret:
         lines.append(
@@ -165,6 +176,14 @@ def tour(bow: Bow, settings: Settings) -> str:
         "Try it from another terminal:",
         f"  TOKEN=$(bow-gateway token --id {EXAMPLE_ID} --criteria '{EXAMPLE_CRITERIA}')",
         f'  {_join(listen)} --token "$TOKEN"',
+    ]
+    if config.sse_path:
+        events = f"{url}{config.sse_path}?v={version}"
+        lines += [
+            "or read the same events as Server-Sent Events, with the same TOKEN:",
+            f'  curl -N -H "Authorization: Bearer $TOKEN" {shlex.quote(events)}',
+        ]
+    lines += [
         "and from a third one:",
         f"  {_join(push)} --name greeting --audience '{EXAMPLE_AUDIENCE}'"
         f" --payload '{EXAMPLE_PAYLOAD}'",

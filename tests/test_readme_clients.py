@@ -1,0 +1,132 @@
+"""The README's client snippets work as written, against a real ``serve`` on the embedded default
+(only its port changed): the Flywheel ``WebSocket`` and the ``EventSource`` in headless Chromium, on
+a page of another origin listed in ``BOW_OUTBOUND_CORS_ORIGINS``, and the ``curl -N`` line in bash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from . import test_cors
+from .served import Served, clean_env, serve
+from .support import SECRET, token
+from .test_cli import Running
+from .test_cli_listen import push_at
+from .test_cors import Browser
+
+browser = test_cors.browser  # the fixture, shared
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+ADMIN = [{"role": "admin"}]
+PAGE = """<!doctype html>
+<meta charset="utf-8">
+<title>the README's clients</title>
+<script>
+  window.state = { logged: [] };
+  const show = (value) => (typeof value === "string" ? value : JSON.stringify(value));
+  console.log = console.error = (...args) => state.logged.push(args.map(show).join(" "));
+  const TOKEN = "{token}";
+</script>
+<script>{flywheel}</script>
+<script>{sse}</script>
+"""
+
+
+def snippet(language: str, containing: str, port: int) -> str:
+    """The README's one ``language`` block containing ``containing``, on ``port`` for 8080."""
+    blocks = re.findall(rf"^ *```{language}\n(.*?)^ *```", README.read_text(), re.M | re.S)
+    found = [block for block in blocks if containing in block]
+    assert len(found) == 1, f"README.md has {len(found)} {language} blocks with {containing!r}"
+    assert "127.0.0.1:8080" in found[0]
+    return found[0].replace("127.0.0.1:8080", f"127.0.0.1:{port}")
+
+
+@pytest.fixture
+async def page_origin() -> AsyncIterator[tuple[str, dict[str, str]]]:
+    """Another origin than the gateway's, serving the page set in the returned mapping."""
+    page: dict[str, str] = {}
+
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(text=page["html"], content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}", page
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, page_origin: tuple[str, dict[str, str]]) -> Iterator[Served]:
+    origin, _ = page_origin
+    with serve(tmp_path, BOW_JWT_SECRET=SECRET, BOW_OUTBOUND_CORS_ORIGINS=origin) as served:
+        yield served
+
+
+async def stream_opened(served: Served, timeout: float = 10) -> None:
+    """Wait until serve logs that an SSE stream opened."""
+    async with asyncio.timeout(timeout):
+        while not re.search(r"SSE stream \S+ opened", served.new_stderr()):
+            await asyncio.sleep(0.05)
+
+
+async def test_the_flywheel_and_event_source_snippets_receive_a_push(
+    browser: Browser, page_origin: tuple[str, dict[str, str]], gateway: Served
+) -> None:
+    origin, page = page_origin
+    page["html"] = (
+        PAGE.replace("{token}", token("USER/1", ADMIN[0]))
+        .replace("{flywheel}", snippet("js", "new WebSocket(", gateway.port))
+        .replace("{sse}", snippet("js", "new EventSource(", gateway.port))
+    )
+    gateway.new_stderr()
+    await browser.open(origin)
+
+    def bound(state: Any) -> bool:
+        return any(line.startswith("B ") for line in state["logged"])
+
+    state = await browser.state_when(bound, timeout=10)
+    assert bound(state), state
+    assert json.loads(state["logged"][0][2:])["errors"] == [], state
+    await stream_opened(gateway)
+    position = push_at(gateway, "greeting", ADMIN, text="hello")
+
+    def received(state: Any) -> bool:
+        return len(state["logged"]) >= 3
+
+    logged = (await browser.state_when(received, timeout=10))["logged"]
+    body = {"name": "greeting", "audience": ADMIN, "text": "hello"}
+    frames = [line for line in logged if line.startswith("R ")]
+    assert frames == ["R greeting " + json.dumps(body, separators=(",", ":"))], logged
+    events = [line for line in logged if line.endswith(f" {position}")]
+    assert events == [json.dumps(body, separators=(",", ":")) + f" {position}"], logged
+
+
+async def test_the_curl_snippet_receives_a_push(gateway: Served) -> None:
+    line = snippet("sh", "curl -N", gateway.port).strip()
+    gateway.new_stderr()
+    curl = await Running.start(
+        "bash", "-c", "exec " + line, env=clean_env(TOKEN=token("USER/1", ADMIN[0]))
+    )
+    try:
+        await stream_opened(gateway)
+        position = push_at(gateway, "greeting", ADMIN, text="hello")
+        event = [await curl.stdout_line() for _ in range(3)]
+    finally:
+        await curl.stop()
+    assert event[:2] == [f"id: {position}\n", "event: greeting\n"]
+    assert json.loads(event[2].removeprefix("data: "))["text"] == "hello"
