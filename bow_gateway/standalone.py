@@ -157,8 +157,15 @@ def embedded_default(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
                     "bow_gateway.inbounds.passthrough:create_message_from_request_body"
                 ),
                 "middleware_version": DEFAULT_VERSION,
-            }
+            },
+            {  # Gobbler's REST publish, to the admins of the tour
+                "path": "/api/message/{topic:.+}",
+                "create_message_from_request": "bow_gateway.inbounds.gobbler:GobblerInbound",
+                "options": {"audience": [{"role": "admin"}]},
+                "middleware_version": DEFAULT_VERSION,
+            },
         ],
+        "history": [{"filter": "/chat/#", "max_count": 1_000, "max_age": 86_400}],
         "outbounds": [
             {
                 "version": DEFAULT_VERSION,

@@ -18,7 +18,7 @@ from aiohttp import web
 from . import test_cors
 from .served import Served, clean_env, serve
 from .support import SECRET, token
-from .test_cli import Running
+from .test_cli import Running, run_shell
 from .test_cli_listen import push_at
 from .test_cors import Browser
 
@@ -90,7 +90,7 @@ async def test_the_flywheel_and_event_source_snippets_receive_a_push(
     origin, page = page_origin
     page["html"] = (
         PAGE.replace("{token}", token("USER/1", ADMIN[0]))
-        .replace("{flywheel}", snippet("js", "new WebSocket(", gateway.port))
+        .replace("{flywheel}", snippet("js", "/broker?", gateway.port))
         .replace("{sse}", snippet("js", "new EventSource(", gateway.port))
     )
     gateway.new_stderr()
@@ -130,3 +130,42 @@ async def test_the_curl_snippet_receives_a_push(gateway: Served) -> None:
         await curl.stop()
     assert event[:2] == [f"id: {position}\n", "event: greeting\n"]
     assert json.loads(event[2].removeprefix("data: "))["text"] == "hello"
+
+
+async def test_the_gobbler_snippets_replay_publish_and_read_the_history(
+    browser: Browser, page_origin: tuple[str, dict[str, str]], gateway: Served
+) -> None:
+    origin, page = page_origin
+    listener_token = token("USER/1", ADMIN[0])
+    page["html"] = (
+        PAGE.replace("{token}", listener_token)
+        .replace("{flywheel}", snippet("js", "/gobbler?", gateway.port))
+        .replace("{sse}", "")
+    )
+    await browser.open(origin)
+
+    def subscribed(state: Any) -> bool:
+        return any(line.startswith("#subscribed-to") for line in state["logged"])
+
+    state = await browser.state_when(subscribed, timeout=10)
+    assert [line.split()[0] for line in state["logged"][:4]] == [
+        "#ok-connected",
+        "#fetch-start",
+        "#fetch-done",
+        "#subscribed-to",
+    ], state
+    shell = snippet("sh", "X-Gobbler-Key", gateway.port).replace(
+        "bow-gateway history", f"bow-gateway history --url {gateway.url}"
+    )
+    result = await run_shell(shell, TOKEN=listener_token)
+    assert result.code == 0, result.err
+    assert json.loads(result.out) == {"event": "/chat/room1", "data": "Hello", "sequence": 1}
+
+    def received(state: Any) -> bool:
+        return any(line.startswith("/chat/room1,") for line in state["logged"])
+
+    logged = (await browser.state_when(received, timeout=10))["logged"]
+    [message] = [line for line in logged if line.startswith("/chat/room1,")]
+    head, headers, body = message.split("\n")
+    assert head.split(",")[:5] == ["/chat/room1", "1", "marvin", "", "42"]
+    assert (json.loads(headers), body) == ({"Key": "Value"}, "Hello")
