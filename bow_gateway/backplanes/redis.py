@@ -18,6 +18,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any, Final, TypeAlias, TypeVar
@@ -108,6 +109,9 @@ class RedisBackplane(Backplane):
         self._interrupted: set[asyncio.Task[Any]] = set()  # those disconnect() has cancelled
         self._pending: list[_Group] = []  # published, not yet sent
         self._writer: asyncio.Task[None] | None = None  # sends the pending events, then ends
+        # publishes awaited, oldest first, with their deadlines: one timer for all of them
+        self._deadlines: deque[tuple[float, asyncio.Future[list[str]]]] = deque()
+        self._watchdog: asyncio.TimerHandle | None = None
 
     @property
     def ready(self) -> bool:
@@ -155,6 +159,10 @@ class RedisBackplane(Backplane):
             if instances is not None:
                 await instances.stop()
         finally:
+            if self._watchdog is not None:  # every publish awaited was settled by the writer
+                self._watchdog.cancel()
+                self._watchdog = None
+            self._deadlines.clear()
             for close in self._closers:
                 await close()
 
@@ -174,15 +182,15 @@ class RedisBackplane(Backplane):
             raise BackplaneUnavailable("the gateway is not connected to Redis")
         if not events:
             return []
-        written: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        written: asyncio.Future[list[str]] = loop.create_future()
         self._pending.append((events, written))
         if self._writer is None:
             self._writer = asyncio.ensure_future(self._write(client))
+        self._watch(loop, written)
         try:
-            async with asyncio.timeout(self._publish_timeout):
-                positions = await written  # on a timeout, cancelled: the writer skips it if unsent
-        except TimeoutError:
-            exc = TimeoutError(f"no answer within {self._publish_timeout}s")
+            positions = await written  # failed by the watchdog when late: the writer skips it
+        except TimeoutError as exc:
             self._lost(exc, "writing to")
             raise BackplaneUnavailable(f"Redis did not take {_what(events)}: {exc}") from None
         except _FAILURES as exc:
@@ -282,6 +290,27 @@ class RedisBackplane(Backplane):
         if self._instances is None:
             raise BackplaneUnavailable("the gateway is not connected to Redis")
         return self._instances
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, written: asyncio.Future[list[str]]) -> None:
+        """Fail ``written`` with ``TimeoutError`` if it is not done within ``publish_timeout``:
+        one timer for every publish awaited (an ``asyncio.timeout`` each cost a timer, its
+        cancellation and a heap operation per message), armed for the oldest."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][1].done():
+            deadlines.popleft()
+        deadlines.append((loop.time() + self._publish_timeout, written))
+        if self._watchdog is None:
+            self._watchdog = loop.call_at(deadlines[0][0], self._expire, loop)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._watchdog = None
+        deadlines, now = self._deadlines, loop.time()
+        while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now):
+            written = deadlines.popleft()[1]
+            if not written.done():
+                written.set_exception(TimeoutError(f"no answer within {self._publish_timeout}s"))
+        if deadlines:
+            self._watchdog = loop.call_at(deadlines[0][0], self._expire, loop)
 
     # -- Redis commands -----------------------------------------------------------------------
 
