@@ -1,14 +1,14 @@
 """The Redis backplane: one Redis Stream carries every event of a gateway, in one order.
 
 Each event is one ``XADD`` (a single field, ``d``), the stream trimmed to about ``max_len``
-entries; events published while an ``XADD`` is under way go together in one pipeline, in the
-order they were published, and the events of one :meth:`~RedisBackplane.publish_many` always go in
-the same pipeline. Each ``XADD`` runs in a Lua script (:mod:`.redis_scripts`) that also
-starts a new epoch when the stream or the epoch key is missing; a position is
+entries; events published while a write is under way go together in the next one, in the order
+they were published, and the events of one :meth:`~RedisBackplane.publish_many` always go in the
+same write. A write is one call of a Lua script (:mod:`.redis_scripts`) that ``XADD``s its events
+and first starts a new epoch when the stream or the epoch key is missing; a position is
 ``"{epoch}.{stream id}"``. Every instance reads the stream with ``XREAD BLOCK`` from the last id
 it has read, so after a lost connection it resumes where it stopped: nothing published meanwhile
 is skipped, and nothing is read twice. A failed publish is not retried, and it may still be
-delivered: when the connection breaks after Redis applied it (a whole pipeline fails, even the
+delivered: when the connection breaks after Redis applied it (a whole write fails, even the
 events Redis took), or when Redis applies it after ``publish_timeout``.
 """
 
@@ -359,13 +359,12 @@ class RedisBackplane(Backplane):
         return batch
 
     async def _xadd(self, events: list[bytes]) -> list[Any]:
-        """Run the publish script for each event: one call alone (cheaper), else a pipeline."""
+        """Run the publish script once for all ``events`` (each event a command of its own cost
+        the gateway a command to pack and an answer to parse); each event's answer."""
         assert self._scripts is not None
         keys, epoch = [self.key, self.epoch_key], secrets.token_hex(6)
-        if len(events) == 1:
-            return [await self._scripts.run("publish", keys, [events[0], epoch, self._max_len])]
-        calls: list[list[Any]] = [[data, epoch, self._max_len] for data in events]
-        return await self._scripts.pipelined("publish", keys, calls)
+        value, *ids = await self._scripts.run("publish", keys, [epoch, self._max_len, *events])
+        return [(value, entry_id) for entry_id in ids]
 
     async def _xread(self, client: Client, cursor: Cursor) -> tuple[Any, str | None]:
         """``XREAD`` on from ``cursor``, then the epoch what it found belongs to: a ``GET`` sent

@@ -1,4 +1,4 @@
-"""The Lua scripts of the Redis backplane, and how it runs them (``EVALSHA``, pipelined).
+"""The Lua scripts of the Redis backplane, and how it runs them (``EVALSHA``).
 
 Every script touches only keys of one namespace, which share the ``{namespace}`` hash tag, so a
 Redis Cluster runs each on one node. The epoch key holds ``"{epoch} {after} {added}"``: the epoch,
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError
 
 # Sets a new epoch (ARGV[n]) starting after the stream's last id; creates the stream if missing.
 _NEW_EPOCH: Final = """
@@ -35,13 +35,17 @@ end
 PUBLISH: Final = (
     _NEW_EPOCH
     + """
--- KEYS: stream, epoch key; ARGV: data, a new epoch, max length. Returns {epoch value, id}.
+-- KEYS: stream, epoch key; ARGV: a new epoch, max length, then the events' data, in order.
+-- Returns {epoch value, id of the first event, id of the second, ...}.
 local value = redis.call('GET', KEYS[2])
 if not value or redis.call('EXISTS', KEYS[1]) == 0 then
-  value = new_epoch(KEYS[1], KEYS[2], ARGV[2], false)
+  value = new_epoch(KEYS[1], KEYS[2], ARGV[1], false)
 end
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'd', ARGV[1])
-return {value, id}
+local out = {value}
+for i = 3, #ARGV do
+  out[i - 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'd', ARGV[i])
+end
+return out
 """
 )
 
@@ -142,30 +146,3 @@ class Scripts:
                     raise
                 await self.load(name)
         raise AssertionError("unreachable")
-
-    async def pipelined(self, name: str, keys: list[str], calls: list[list[Any]]) -> list[Any]:
-        """The script once per list of arguments in ``calls``, in one pipeline; a result is an
-        exception where that call failed. Calls refused for lack of the script are loaded and
-        sent again (they did not run)."""
-        results: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        for attempt in (0, 1):
-            pipeline = self._client.pipeline(transaction=False)
-            for n in todo:
-                # execute_command: redis-py's cluster pipeline refuses its evalsha() method
-                pipeline.execute_command("EVALSHA", self.sha(name), len(keys), *keys, *calls[n])
-            answers = await pipeline.execute(raise_on_error=False)
-            missing = []
-            for n, answer in zip(todo, answers, strict=True):
-                results[n] = answer
-                if isinstance(answer, ResponseError) and _no_script(answer):
-                    missing.append(n)
-            if not missing or attempt:
-                break
-            await self.load(name)
-            todo = missing
-        return results
-
-
-def _no_script(exc: ResponseError) -> bool:
-    return isinstance(exc, NoScriptError) or str(exc).startswith("NOSCRIPT")
