@@ -118,7 +118,10 @@ def handshake_limits(
     )
 
     async def guarded(request: web.Request) -> web.StreamResponse:
-        if "sid" in request.query:
+        # the query string itself: request.query would parse it into a MultiDict that the
+        # request keeps (a websocket's, for its whole life)
+        query = request.query_string
+        if query.startswith("sid=") or "&sid=" in query:
             return await handler(request)
         why = await limits.admit()
         if why is None:
