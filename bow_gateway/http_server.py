@@ -10,6 +10,7 @@ long-polling POST); :func:`handshake_limits` bounds new connections. No private 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
@@ -45,6 +46,13 @@ def app_runner(app: web.Application, *, timeout: float = 10.0) -> web.AppRunner:
     )
 
 
+#: How long a handshake past ``outbound.max_connects_per_second`` waits for its turn before it
+#: is refused: a herd of clients reconnecting at once (an instance restarted) is let in at the
+#: rate, not refused; a flood is still admitted at the rate, with at most ``rate * MAX_WAIT``
+#: handshakes waiting.
+MAX_WAIT = 2.0
+
+
 class HandshakeLimits:
     """``outbound.max_sockets`` and ``outbound.max_connects_per_second`` for an instance as a
     whole: every endpoint that opens a connection (Socket.IO, SSE) shares one bucket."""
@@ -55,25 +63,37 @@ class HandshakeLimits:
         *,
         max_connections: int = 20_000,
         per_second: float = 500.0,
+        max_wait: float = MAX_WAIT,
     ) -> None:
         self._open_connections = open_connections
         self._max_connections = max_connections
         self._per_second = per_second
+        self._max_wait = max_wait
         self._bucket = TokenBucket(per_second, 2 * per_second)
         self._refused = 0.0
 
-    def refusal(self) -> str | None:
-        """Why a new connection is refused now (logged once a second at most), or None."""
-        if self._open_connections() >= self._max_connections:
-            why = f"{self._max_connections} connections are open"
-        elif not self._bucket.take():
-            why = f"over {self._per_second:g} new connections a second"
-        else:
+    async def admit(self) -> str | None:
+        """None once a new connection may open (past the rate, after waiting its turn, at most
+        ``max_wait`` s), else why it is refused now (logged once a second at most)."""
+        why = self._full()
+        if why is None:
+            delay = self._bucket.reserve(self._max_wait)
+            if delay is None:
+                why = f"over {self._per_second:g} new connections a second"
+            elif delay > 0:
+                await asyncio.sleep(delay)
+                why = self._full()
+        if why is None:
             return None
         if time.monotonic() - self._refused > 1:  # one line a second at most
             logger.warning("refusing new connections: %s", why)
         self._refused = time.monotonic()
         return why
+
+    def _full(self) -> str | None:
+        if self._open_connections() >= self._max_connections:
+            return f"{self._max_connections} connections are open"
+        return None
 
 
 def handshake_limits(
@@ -85,9 +105,10 @@ def handshake_limits(
 ) -> Handler:
     """``handler`` (the Socket.IO endpoint's), answering ``503`` with ``Retry-After`` to a new
     connection's handshake (a request without a session id) when ``max_connections`` are open,
-    or past ``per_second`` handshakes a second (bursts of twice that): what a client costs before
-    it authenticates is bounded for the instance as a whole, not only per connection. A wrapper
-    of that one route rather than a middleware, which every request would pay for."""
+    or when past ``per_second`` handshakes a second (bursts of twice that) its turn is more than
+    :data:`MAX_WAIT` s away: what a client costs before it authenticates is bounded for the
+    instance as a whole, not only per connection. A wrapper of that one route rather than a
+    middleware, which every request would pay for."""
     limits = (
         open_connections
         if isinstance(open_connections, HandshakeLimits)
@@ -97,9 +118,12 @@ def handshake_limits(
     )
 
     async def guarded(request: web.Request) -> web.StreamResponse:
-        if "sid" in request.query:
+        # the query string itself: request.query would parse it into a MultiDict that the
+        # request keeps (a websocket's, for its whole life)
+        query = request.query_string
+        if query.startswith("sid=") or "&sid=" in query:
             return await handler(request)
-        why = limits.refusal()
+        why = await limits.admit()
         if why is None:
             return await handler(request)
         raise web.HTTPServiceUnavailable(

@@ -200,7 +200,8 @@ def _check_size(audience: Any, max_queries: int, max_predicates: int, prefix: st
     if len(audience) > max_queries:
         raise ValueError(f"{where}: at most {max_queries} queries, not {len(audience)}")
     for position, query in enumerate(audience):
-        if isinstance(query, Mapping) and len(query) > max_predicates:
+        # type() first: isinstance against the Mapping ABC costs ~0.2 µs a query
+        if (type(query) is dict or isinstance(query, Mapping)) and len(query) > max_predicates:
             raise ValueError(
                 f"{where}.{position}: at most {max_predicates} predicates, not {len(query)}"
             )

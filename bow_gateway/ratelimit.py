@@ -28,6 +28,20 @@ class TokenBucket:
         self._tokens = tokens - 1
         return True
 
+    def reserve(self, max_wait: float) -> float | None:
+        """Spend one token, now or in the future: the seconds to wait before using it (0: now),
+        or None, spending nothing, when it would be more than ``max_wait`` away. Reservations
+        queue (each waits for the one before), so at most ``rate * max_wait`` are outstanding."""
+        now = time.monotonic()
+        tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
+        self._stamp = now
+        delay = 0.0 if tokens >= 1 else (1 - tokens) / self._rate
+        if delay > max_wait:
+            self._tokens = tokens
+            return None
+        self._tokens = tokens - 1
+        return delay
+
 
 class LogRateLimit(logging.Filter):
     """Passes ``burst`` records, then ``rate`` a second; the next one passed says how many were

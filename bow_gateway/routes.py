@@ -94,7 +94,9 @@ def build_app(
         max_connections=config.max_sockets,
         per_second=config.max_connects_per_second,
     )
-    socketio_handler = handshake_limits(outbound.sio.handle_request, limits)
+    # engineio's handler, not python-socketio's, which only awaits it: a websocket keeps every
+    # coroutine frame of its request's handlers for its whole life
+    socketio_handler = handshake_limits(outbound.sio.eio.handle_request, limits)
     for method in ("GET", "POST", "OPTIONS"):
         app.router.add_route(method, SOCKETIO_PATH, socketio_handler)
     if config.sse_path is not None:

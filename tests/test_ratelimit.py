@@ -14,6 +14,15 @@ def test_a_bucket_gives_its_burst_then_refuses() -> None:
     assert [bucket.take() for _ in range(4)] == [True, True, True, False]
 
 
+def test_reservations_queue_up_to_the_longest_wait() -> None:
+    bucket = TokenBucket(rate=10, burst=2)
+    delays = [bucket.reserve(max_wait=0.35) for _ in range(6)]
+    assert delays[:2] == [0.0, 0.0] and delays[5] is None  # the burst, then 3 turns in 0.35 s
+    assert all(d is not None and 0.05 < d <= 0.35 for d in delays[2:5])
+    assert delays[2] < delays[3] < delays[4]  # each waits for the one before
+    assert bucket.reserve(max_wait=0.35) is None  # a refusal reserves nothing
+
+
 def test_a_flood_of_info_lines_does_not_hide_an_error(caplog: pytest.LogCaptureFixture) -> None:
     # Regression: one bucket for every level: after a churn of connections' INFO lines, a
     # middleware's traceback was dropped.

@@ -1,14 +1,14 @@
 """The Redis backplane: one Redis Stream carries every event of a gateway, in one order.
 
 Each event is one ``XADD`` (a single field, ``d``), the stream trimmed to about ``max_len``
-entries; events published while an ``XADD`` is under way go together in one pipeline, in the
-order they were published, and the events of one :meth:`~RedisBackplane.publish_many` always go in
-the same pipeline. Each ``XADD`` runs in a Lua script (:mod:`.redis_scripts`) that also
-starts a new epoch when the stream or the epoch key is missing; a position is
+entries; events published while a write is under way go together in the next one, in the order
+they were published, and the events of one :meth:`~RedisBackplane.publish_many` always go in the
+same write. A write is one call of a Lua script (:mod:`.redis_scripts`) that ``XADD``s its events
+and first starts a new epoch when the stream or the epoch key is missing; a position is
 ``"{epoch}.{stream id}"``. Every instance reads the stream with ``XREAD BLOCK`` from the last id
 it has read, so after a lost connection it resumes where it stopped: nothing published meanwhile
 is skipped, and nothing is read twice. A failed publish is not retried, and it may still be
-delivered: when the connection breaks after Redis applied it (a whole pipeline fails, even the
+delivered: when the connection breaks after Redis applied it (a whole write fails, even the
 events Redis took), or when Redis applies it after ``publish_timeout``.
 """
 
@@ -18,6 +18,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any, Final, TypeAlias, TypeVar
@@ -121,6 +122,9 @@ class RedisBackplane(Backplane):
         self._interrupted: set[asyncio.Task[Any]] = set()  # those disconnect() has cancelled
         self._pending: list[_Group] = []  # published, not yet sent
         self._writer: asyncio.Task[None] | None = None  # sends the pending events, then ends
+        # publishes awaited, oldest first, with their deadlines: one timer for all of them
+        self._deadlines: deque[tuple[float, asyncio.Future[list[tuple[str, int | None]]]]] = deque()
+        self._watchdog: asyncio.TimerHandle | None = None
 
     @property
     def ready(self) -> bool:
@@ -171,6 +175,10 @@ class RedisBackplane(Backplane):
             if instances is not None:
                 await instances.stop()
         finally:
+            if self._watchdog is not None:  # every publish awaited was settled by the writer
+                self._watchdog.cancel()
+                self._watchdog = None
+            self._deadlines.clear()
             for close in self._closers:
                 await close()
 
@@ -239,17 +247,15 @@ class RedisBackplane(Backplane):
             raise BackplaneUnavailable("the gateway is not connected to Redis")
         if not events:
             return []
-        written: asyncio.Future[list[tuple[str, int | None]]] = (
-            asyncio.get_running_loop().create_future()
-        )
+        loop = asyncio.get_running_loop()
+        written: asyncio.Future[list[tuple[str, int | None]]] = loop.create_future()
         self._pending.append((events, written))
         if self._writer is None:
             self._writer = asyncio.ensure_future(self._write(client))
+        self._watch(loop, written)
         try:
-            async with asyncio.timeout(self._publish_timeout):
-                positions = await written  # on a timeout, cancelled: the writer skips it if unsent
-        except TimeoutError:
-            exc = TimeoutError(f"no answer within {self._publish_timeout}s")
+            positions = await written  # failed by the watchdog when late: the writer skips it
+        except TimeoutError as exc:
             self._lost(exc, "writing to")
             raise BackplaneUnavailable(f"Redis did not take {_what(events)}: {exc}") from None
         except _FAILURES as exc:
@@ -350,6 +356,29 @@ class RedisBackplane(Backplane):
             raise BackplaneUnavailable("the gateway is not connected to Redis")
         return self._instances
 
+    def _watch(
+        self, loop: asyncio.AbstractEventLoop, written: asyncio.Future[list[tuple[str, int | None]]]
+    ) -> None:
+        """Fail ``written`` with ``TimeoutError`` if it is not done within ``publish_timeout``:
+        one timer for every publish awaited (an ``asyncio.timeout`` each cost a timer, its
+        cancellation and a heap operation per message), armed for the oldest."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][1].done():
+            deadlines.popleft()
+        deadlines.append((loop.time() + self._publish_timeout, written))
+        if self._watchdog is None:
+            self._watchdog = loop.call_at(deadlines[0][0], self._expire, loop)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._watchdog = None
+        deadlines, now = self._deadlines, loop.time()
+        while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now):
+            written = deadlines.popleft()[1]
+            if not written.done():
+                written.set_exception(TimeoutError(f"no answer within {self._publish_timeout}s"))
+        if deadlines:
+            self._watchdog = loop.call_at(deadlines[0][0], self._expire, loop)
+
     # -- Redis commands -----------------------------------------------------------------------
 
     async def _write(self, client: Client) -> None:
@@ -397,31 +426,36 @@ class RedisBackplane(Backplane):
         return batch
 
     async def _xadd(self, events: list[_Out]) -> list[Any]:
-        """Run the publish script for each event (the retain script for one kept in a topic's
-        history): one call alone (cheaper), else a pipeline."""
+        """Run the publish script once for all ``events`` (each event a command of its own cost
+        the gateway a command to pack and an answer to parse); each event's answer:
+        ``(epoch value, id, sequence)``, the sequence 0 for an event not kept."""
         assert self._scripts is not None
-        keys, epoch = [self.key, self.epoch_key], secrets.token_hex(6)
-        calls: list[tuple[str, list[str], list[Any]]] = []
+        keys = [self.key, self.epoch_key, self.sequences_key]
+        histories: dict[str, int] = {}
+        args: list[Any] = [secrets.token_hex(6), self._max_len, len(self.topic_key("").encode())]
         for data, retention in events:
             if retention is None:
-                calls.append(("publish", keys, [data, epoch, self._max_len]))
+                args += [data, ""]
                 continue
-            topic_keys = [*keys, self.sequences_key, self.topic_key(retention.topic)]
+            key = self.topic_key(retention.topic)
+            index = histories.get(key)
+            if index is None:
+                keys.append(key)
+                index = histories[key] = len(keys)
             max_age_ms = max(1, round(retention.max_age * 1000))
-            args = [data, epoch, self._max_len, retention.topic, retention.max_count, max_age_ms]
-            calls.append(("retain", topic_keys, args))
-        if len(calls) == 1:
-            name, call_keys, args = calls[0]
-            return [await self._scripts.run(name, call_keys, args)]
-        return await self._scripts.mixed(calls)
+            args += [data, f"{index},{retention.max_count},{max_age_ms}"]
+        value, *answers = await self._scripts.run("publish", keys, args)
+        return [(value, answers[n], answers[n + 1]) for n in range(0, len(answers), 2)]
 
     async def _xread(self, client: Client, cursor: Cursor) -> tuple[Any, str | None]:
-        """``XREAD`` on from ``cursor``, then (if it found entries) the epoch they belong to."""
-        last = format_id(cursor.last)
-        response = await client.xread({self.key: last}, count=self._batch, block=self._block_ms)
+        """``XREAD`` on from ``cursor``, then the epoch what it found belongs to: a ``GET`` sent
+        with it, in one round trip, which Redis runs once the ``XREAD`` has returned."""
+        pipeline = client.pipeline(transaction=False)
+        pipeline.xread({self.key: format_id(cursor.last)}, count=self._batch, block=self._block_ms)
+        pipeline.get(self.epoch_key)
+        response, value = await pipeline.execute()
         if not response:
             return response, cursor.epoch
-        value = await client.get(self.epoch_key)
         return response, None if value is None else as_text(value).partition(" ")[0]
 
     async def _look(self, scripts: Scripts, replace: str = "") -> Look:
@@ -555,7 +589,7 @@ def _settle(written: asyncio.Future[list[tuple[str, int | None]]], answers: list
     published: list[tuple[str, int | None]] = []
     for answer in answers:
         epoch = bytes(answer[0]).partition(b" ")[0].decode()
-        sequence = int(answer[2]) if len(answer) > 2 else None
+        sequence = int(answer[2]) or None
         published.append((f"{epoch}.{as_text(answer[1])}", sequence))
     written.set_result(published)
 

@@ -1,4 +1,4 @@
-"""The Lua scripts of the Redis backplane, and how it runs them (``EVALSHA``, pipelined).
+"""The Lua scripts of the Redis backplane, and how it runs them (``EVALSHA``).
 
 Every script touches only keys of one namespace, which share the ``{namespace}`` hash tag, so a
 Redis Cluster runs each on one node. The epoch key holds ``"{epoch} {after} {added}"``: the epoch,
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError
 
 # Sets a new epoch (ARGV[n]) starting after the stream's last id; creates the stream if missing.
 _NEW_EPOCH: Final = """
@@ -35,57 +35,63 @@ end
 PUBLISH: Final = (
     _NEW_EPOCH
     + """
--- KEYS: stream, epoch key; ARGV: data, a new epoch, max length. Returns {epoch value, id}.
+-- One write: every event XADDed in order, those kept in their topic's history there too.
+-- KEYS: stream, epoch key, sequences (a hash: topic to its last sequence), then the histories
+-- of the topics this write keeps (streams whose ids are "{sequence}-{ms}", fields d, the data,
+-- and p, its position). ARGV: a new epoch, max length, the length of a history key's prefix
+-- (what precedes the topic), then two per event: its data, and "" or "k,max count,max age ms"
+-- (k: its history's index in KEYS). A kept event's data carries its sequence: {"q":N,...}.
+-- Returns {epoch value, then per event its id and its sequence (0: not kept)}.
 local value = redis.call('GET', KEYS[2])
 if not value or redis.call('EXISTS', KEYS[1]) == 0 then
-  value = new_epoch(KEYS[1], KEYS[2], ARGV[2], false)
+  value = new_epoch(KEYS[1], KEYS[2], ARGV[1], false)
 end
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'd', ARGV[1])
-return {value, id}
-"""
-)
-
-RETAIN: Final = (
-    _NEW_EPOCH
-    + """
--- PUBLISH, the event also kept in its topic's history with the topic's next sequence.
--- KEYS: stream, epoch key, sequences (a hash: topic to its last), the topic's history (a
--- stream whose ids are "{sequence}-{ms}", fields d (the data) and p (its position)); ARGV: data,
--- a new epoch, max length, topic, max count, max age (ms). Both copies of the data carry the
--- sequence: {"q":N,...}.
--- Returns {epoch value, id, sequence}.
-local value = redis.call('GET', KEYS[2])
-if not value or redis.call('EXISTS', KEYS[1]) == 0 then
-  value = new_epoch(KEYS[1], KEYS[2], ARGV[2], false)
-end
-local function ms_of(id) return tonumber(string.match(id, '-(%d+)$')) end
-local t = redis.call('TIME')
-local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local seq = redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
-if seq == 1 then  -- a new topic, or its sequence lost (the hash deleted) but not its history
-  local last = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)[1]
-  if last then
-    seq = tonumber(string.match(last[1], '^(%d+)-')) + 1
-    redis.call('HSET', KEYS[3], ARGV[4], seq)
-    ms = math.max(ms, ms_of(last[1]))
-  end
-end
-local data = '{"q":' .. string.format('%d', seq) .. ',' .. string.sub(ARGV[1], 2)
-local entry = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'd', data)
 local epoch = string.match(value, '^[^ ]*')
-local id = string.format('%d-%d', seq, ms)
-redis.call('XADD', KEYS[4], 'MAXLEN', ARGV[5], id, 'd', data, 'p', epoch .. '.' .. entry)
-local cutoff = ms - tonumber(ARGV[6])
-local oldest = seq % 16 == 0 and redis.call('XRANGE', KEYS[4], '-', '+', 'COUNT', 1)[1]
-if oldest and ms_of(oldest[1]) < cutoff then  -- every 16th: drop the front past max age
-  local front = redis.call('XRANGE', KEYS[4], '-', '+', 'COUNT', 100)
-  local keep = string.format('%d-0', tonumber(string.match(front[#front][1], '^(%d+)-')) + 1)
-  for _, entry in ipairs(front) do
-    if ms_of(entry[1]) >= cutoff then keep = entry[1] break end
+local prefix = tonumber(ARGV[3])
+local function ms_of(id) return tonumber(string.match(id, '-(%d+)$')) end
+local function keep(data, spec)
+  local k, max_count, max_age = string.match(spec, '^(%d+),(%d+),(%d+)$')
+  local key = KEYS[tonumber(k)]
+  local topic = string.sub(key, prefix + 1)
+  local t = redis.call('TIME')
+  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local seq = redis.call('HINCRBY', KEYS[3], topic, 1)
+  if seq == 1 then  -- a new topic, or its sequence lost (the hash deleted) but not its history
+    local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
+    if last then
+      seq = tonumber(string.match(last[1], '^(%d+)-')) + 1
+      redis.call('HSET', KEYS[3], topic, seq)
+      ms = math.max(ms, ms_of(last[1]))
+    end
   end
-  redis.call('XTRIM', KEYS[4], 'MINID', keep)
+  data = '{"q":' .. string.format('%d', seq) .. ',' .. string.sub(data, 2)
+  local entry = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'd', data)
+  local id = string.format('%d-%d', seq, ms)
+  redis.call('XADD', key, 'MAXLEN', max_count, id, 'd', data, 'p', epoch .. '.' .. entry)
+  local cutoff = ms - tonumber(max_age)
+  local oldest = seq % 16 == 0 and redis.call('XRANGE', key, '-', '+', 'COUNT', 1)[1]
+  if oldest and ms_of(oldest[1]) < cutoff then  -- every 16th: drop the front past max age
+    local front = redis.call('XRANGE', key, '-', '+', 'COUNT', 100)
+    local kept = string.format('%d-0', tonumber(string.match(front[#front][1], '^(%d+)-')) + 1)
+    for _, old in ipairs(front) do
+      if ms_of(old[1]) >= cutoff then kept = old[1] break end
+    end
+    redis.call('XTRIM', key, 'MINID', kept)
+  end
+  return entry, seq
 end
-return {value, entry, seq}
+local out = {value}
+for i = 4, #ARGV, 2 do
+  if ARGV[i + 1] == '' then
+    out[#out + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'd', ARGV[i])
+    out[#out + 1] = 0
+  else
+    local entry, seq = keep(ARGV[i], ARGV[i + 1])
+    out[#out + 1] = entry
+    out[#out + 1] = seq
+  end
+end
+return out
 """
 )
 
@@ -161,7 +167,6 @@ class Scripts:
             name: client.register_script(source)
             for name, source in {
                 "publish": PUBLISH,
-                "retain": RETAIN,
                 "look": LOOK,
                 "heartbeat": HEARTBEAT,
                 "live": LIVE,
@@ -191,35 +196,3 @@ class Scripts:
                     raise
                 await self.load(name)
         raise AssertionError("unreachable")
-
-    async def pipelined(self, name: str, keys: list[str], calls: list[list[Any]]) -> list[Any]:
-        """The script once per list of arguments in ``calls``, in one pipeline (:meth:`mixed`)."""
-        return await self.mixed([(name, keys, args) for args in calls])
-
-    async def mixed(self, calls: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
-        """Each ``(script, keys, arguments)`` in one pipeline, in order; a result is an
-        exception where that call failed. Calls refused for lack of their script are loaded and
-        sent again (they did not run)."""
-        results: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        for attempt in (0, 1):
-            pipeline = self._client.pipeline(transaction=False)
-            for n in todo:
-                name, keys, args = calls[n]
-                # execute_command: redis-py's cluster pipeline refuses its evalsha() method
-                pipeline.execute_command("EVALSHA", self.sha(name), len(keys), *keys, *args)
-            answers = await pipeline.execute(raise_on_error=False)
-            missing = []
-            for n, answer in zip(todo, answers, strict=True):
-                results[n] = answer
-                if isinstance(answer, ResponseError) and _no_script(answer):
-                    missing.append(n)
-            if not missing or attempt:
-                break
-            await self.load_all()  # Redis lost them all (a restart, SCRIPT FLUSH): all fail
-            todo = missing
-        return results
-
-
-def _no_script(exc: ResponseError) -> bool:
-    return isinstance(exc, NoScriptError) or str(exc).startswith("NOSCRIPT")

@@ -94,7 +94,7 @@ class FlywheelEndpoint:
         self._sweeping = False
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        why = self._limits.refusal()
+        why = await self._limits.admit()
         if why is not None:
             return too_busy(why)
         websocket = web.WebSocketResponse(

@@ -103,7 +103,7 @@ class GobblerEndpoint:
         self._commands = Commands(outbound, max_publishes_per_second)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        why = self._limits.refusal()
+        why = await self._limits.admit()
         if why is not None:
             return too_busy(why)
         websocket = web.WebSocketResponse(

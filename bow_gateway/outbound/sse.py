@@ -119,7 +119,7 @@ class SseEndpoint:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         outbound = self._outbound
         cors = self._cors(request)
-        why = self._limits.refusal()
+        why = await self._limits.admit()
         if why is not None:
             return _refusal(codes.TOO_MANY_REQUESTS, 503, why, cors, {hdrs.RETRY_AFTER: "1"})
         plugin, why = pick_version(outbound, request)

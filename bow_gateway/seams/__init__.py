@@ -3,8 +3,9 @@
 Everything the gateway does with their private methods and attributes lives in this package:
 
 - :mod:`.transport`: engineio's ``AsyncSocket`` subclassed (:class:`LeanSocket`: the websocket
-  transport without a task per packet, a guarded ``receive``, bounded polls) and its aiohttp
-  websocket driver replaced (the server's ``_async["websocket"]``);
+  transport without a task per packet, a guarded ``receive``, bounded polls);
+- :mod:`.websocket`: engineio's aiohttp websocket driver replaced (the server's
+  ``_async["websocket"]``), letting go of aiohttp's per-connection state a websocket never uses;
 - :mod:`.server`: python-socketio's ``AsyncServer`` (``_handle_event``, ``_handle_eio_connect``,
   ``_handle_eio_disconnect``, ``_handle_eio_message``, ``_send_packet``) and ``AsyncManager``
   (``basic_disconnect``, ``pending_connect``) subclassed.
@@ -40,7 +41,8 @@ def check_versions(version: Callable[[str], str] = installed_version) -> None:
 check_versions()
 
 from .server import Server, ServerHooks, socketio_server  # noqa: E402
-from .transport import LeanSocket, ProtocolViolation, websocket_frame  # noqa: E402
+from .transport import LeanSocket, ProtocolViolation  # noqa: E402
+from .websocket import websocket_frame  # noqa: E402
 
 __all__ = [
     "WRITTEN_FOR",

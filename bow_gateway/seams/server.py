@@ -19,8 +19,9 @@ import socketio
 from socketio import packet as sio_packet
 
 from ..ratelimit import rate_limited
-from .transport import WebSocketDriver, make_lean
 from .transport import logger as transport_logger
+from .transport import make_lean
+from .websocket import WebSocketDriver
 
 _BINARY_TYPES: Final = frozenset(
     {str(sio_packet.BINARY_EVENT), str(sio_packet.BINARY_ACK)}

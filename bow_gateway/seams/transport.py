@@ -6,7 +6,9 @@ packet received, a writer task that waits on a queue (another ``wait_for`` and t
 and a task per socket per ping: at 10,000 sockets, most of the gateway's objects, memory and
 idle CPU. :class:`LeanSocket` keeps engineio's protocol and its server's bookkeeping, and
 replaces that machinery for the websocket transport: one reader loop (the websocket's own
-request task), packets written straight to the transport, pings from a timer. Long-polling
+request task, inlined in engineio's websocket handler; a client that stops answering pings is
+closed by engineio's service task), packets written straight to the transport, pings from a
+timer. Long-polling
 sockets keep engineio's queue, with bounds: a poll response carries at most what python-engineio's
 client accepts, the queue is counted in bytes, and a client that stops polling is dropped.
 
@@ -15,7 +17,8 @@ Whatever the transport, a client may send only what Engine.IO clients send (``PO
 anything else closes its connection at once, with one rate-limited log line and no traceback.
 
 The seams it relies on are python-engineio 4.15's (the package's ``__init__`` checks the version):
-the server's ``_async["websocket"]`` driver, :class:`engineio.async_socket.AsyncSocket`'s methods,
+the server's ``_async["websocket"]`` driver (:mod:`.websocket`),
+:class:`engineio.async_socket.AsyncSocket`'s methods,
 and python-socketio's ``_handle_eio_connect``, where :func:`make_lean` turns each new socket into
 a :class:`LeanSocket` before its first ping or websocket handshake.
 """
@@ -23,19 +26,17 @@ a :class:`LeanSocket` before its first ping or websocket handshake.
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 import traceback
 from typing import Any, Final
 
-from aiohttp import web
 from engineio import exceptions as eio_exceptions
 from engineio import packet as eio_packet
-from engineio.async_drivers import aiohttp as eio_aiohttp
 from engineio.async_socket import AsyncSocket
 from engineio.payload import Payload
 
 from ..ratelimit import TokenBucket, rate_limited
+from .websocket import websocket_frame
 
 logger = rate_limited("bow_gateway.transport")
 
@@ -56,49 +57,11 @@ class ProtocolViolation(eio_exceptions.EngineIOError):  # type: ignore[misc]
     """A client sent what no Engine.IO client sends: its connection is closed."""
 
 
-def websocket_frame(data: bytes, binary: bool = False) -> bytes:
-    """An unmasked, uncompressed, final WebSocket frame (RFC 6455 section 5.2)."""
-    first = 0x82 if binary else 0x81
-    length = len(data)
-    if length < 126:
-        return bytes((first, length)) + data
-    if length < 65_536:
-        return struct.pack("!BBH", first, 126, length) + data
-    return struct.pack("!BBQ", first, 127, length) + data
-
-
 def _frame_of(pkt: eio_packet.Packet) -> bytes:
     encoded = pkt.encode()
     if isinstance(encoded, bytes):
         return websocket_frame(encoded, binary=True)
     return websocket_frame(encoded.encode())
-
-
-class WebSocketDriver(eio_aiohttp.WebSocket):  # type: ignore[misc]
-    """engineio's aiohttp websocket, without permessage-deflate, its transport known.
-
-    Compression costs a zlib context per socket (~100 KB with clients that negotiate it, as
-    socket.io-client does) and a compression per frame per socket, for frames that are small.
-    """
-
-    handler: Any  # engineio's: the socket's _websocket_handler, until it returns
-
-    async def __call__(self, environ: dict[str, Any]) -> web.WebSocketResponse:
-        request = environ["aiohttp.request"]
-        self._sock = web.WebSocketResponse(
-            max_msg_size=self.server.max_http_buffer_size, compress=False
-        )
-        await self._sock.prepare(request)
-        self.environ = environ
-        self.transport = request.transport
-        try:
-            await self.handler(self)
-        finally:
-            self.handler = None  # the socket's bound method: the socket keeps this driver
-            # What a write to a vanished peer raised, kept with its traceback: frames that
-            # refer to this response
-            self._sock._exception = None
-        return self._sock
 
 
 class _Drained:
@@ -219,6 +182,15 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
 
     async def handle_get_request(self, environ: dict[str, Any]) -> Any:
         self._cancel_poll_timer()
+        if _upgrades_to_websocket(environ):
+            # engineio's own path (its handle_get_request, then _upgrade_websocket), inlined:
+            # their coroutine frames would be kept for the websocket's whole life
+            if self.upgraded:
+                raise OSError("Socket has been upgraded already")
+            driver = self.server._async["websocket"]
+            if driver is None:
+                return self.server._bad_request()
+            return await driver(self._websocket_handler, self.server)(environ)
         self._polls += 1
         try:
             return await super().handle_get_request(environ)
@@ -354,32 +326,40 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
                 self.write(_frame_of(pkt))
         self.queue = _DRAINED
         self.queued_bytes = 0
+        # The reader loop, here rather than in a coroutine of its own, and reading aiohttp's
+        # websocket rather than the driver's wait(): frames a socket would keep for its whole
+        # life. No deadline per read (a timer and a Timeout per idle socket): a client that
+        # stops answering pings is closed by engineio's service task (check_ping_timeout),
+        # which ends this loop.
+        limit = self.server.max_http_buffer_size
+        receive = ws.websocket.receive
         try:
-            if not (self.closing or self.closed):  # it may have been closed while upgrading
-                await self._read(ws)
+            while not (self.closing or self.closed):  # it may have been closed while upgrading
+                try:
+                    data = (await receive()).data
+                except OSError:
+                    break
+                if not isinstance(data, str | bytes) or len(data) > limit:
+                    break  # closed (data: its code), or an error
+                try:
+                    await self.receive(_decode(data))
+                except ProtocolViolation as error:
+                    await self.violated(error)
+                    break
+                except eio_exceptions.SocketIsClosedError:
+                    break
         finally:  # also when aiohttp cancels the handler
             self.transport = None
             await self.close(wait=False, abort=True, reason=self.server.reason.TRANSPORT_CLOSE)
             await ws.close()
 
-    async def _read(self, ws: Any) -> None:
-        timeout = self.server.ping_interval + self.server.ping_timeout
-        limit = self.server.max_http_buffer_size
-        while True:
-            try:
-                async with asyncio.timeout(timeout):
-                    data = await ws.wait()
-            except (OSError, TimeoutError):
-                return
-            if data is None or len(data) > limit:
-                return
-            try:
-                await self.receive(_decode(data))
-            except ProtocolViolation as error:
-                await self.violated(error)
-                return
-            except eio_exceptions.SocketIsClosedError:
-                return
+
+def _upgrades_to_websocket(environ: dict[str, Any]) -> bool:
+    """engineio's test for a request to upgrade to a websocket."""
+    connection = environ.get("HTTP_CONNECTION", "").lower()
+    return environ.get("HTTP_UPGRADE", "").lower() == "websocket" and "upgrade" in {
+        token.strip() for token in connection.split(",")
+    }
 
 
 def _decode(data: str | bytes) -> eio_packet.Packet:
