@@ -301,3 +301,17 @@ async def test_gobbler_connections_are_counted_by_protocol(
     await open_client()
     labels = 'outbound="v1",protocol="gobbler"'
     assert await metric(gateway, f"bow_sockets_connected{{{labels}}}") == 1
+
+
+async def test_subscriptions_past_max_filters_are_refused(
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
+    gateway = await serve(gobbler_bow(outbound={"timeout": 5, "max_filters": 2}))
+    client = await GobblerClient.open(http, gateway.url, token("U1", {"room": 1}))
+    await client.status("#ok-connected")
+    for path in ("/a", "/b", "/a"):
+        await client.send(f"+ {path}")
+        await client.status("#subscribed-to")
+    await client.send("+ /c")
+    assert "at most 2 subscriptions" in (await client.status("!error-bad-request")).text
+    await client.close()

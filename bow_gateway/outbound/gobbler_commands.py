@@ -82,6 +82,10 @@ class Commands:
         outbound = self._outbound
         topics = outbound.topics[connection.outbound.middleware_version]
         live = count is None
+        held = topics.filters_of(connection)
+        limit = outbound.settings.max_filters
+        if live and len(held) >= limit and _filter(path) not in held:
+            raise BadCommand(f"at most {limit} subscriptions per connection (outbound.max_filters)")
         if start is None:
             topics.add(connection, _filter(path))
             self._write(connection, status("#subscribed-to", path))
