@@ -338,13 +338,7 @@ def encode_event(event: Event) -> bytes:
         if message.has_payload:
             document["p"] = message.payload
         if message.publication is not None:
-            publication = message.publication
-            document["g"] = [
-                publication.headers,
-                publication.user_id,
-                publication.application_id,
-                publication.message_id,
-            ]
+            document["g"] = list(message.publication)  # headers, user, application, message ids
         return dumps(document)
     if isinstance(event, CriteriaEvent):
         document = {"c": event.middleware_version, "i": event.listener_id, "k": event.criteria}
