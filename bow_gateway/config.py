@@ -12,6 +12,7 @@ from marshmallow import Schema, ValidationError, fields, validate
 
 from .criteria import error_text
 from .redis_client import check_settings
+from .retention import HistoryRule, history_rules
 
 NON_EMPTY = validate.Length(min=1, error="must not be empty")
 
@@ -104,8 +105,10 @@ def _check_prefix(prefix: str) -> None:
         raise ValidationError("must not be under /socket.io/, which needs no credentials")
 
 
-def _check_sse_path(path: str) -> None:
-    if path:  # "" (an empty BOW_OUTBOUND_SSE_PATH, or in a TOML file) turns it off, as None
+def _check_endpoint_path(path: str) -> None:
+    """An outbound endpoint's path; "" (an empty ``BOW_OUTBOUND_SSE_PATH``, or in a TOML file)
+    turns it off, as None."""
+    if path:
         _check_prefix(path)
 
 
@@ -136,7 +139,14 @@ class _OutboundSchema(Schema):
     )
     max_authenticates_per_minute = fields.Integer(load_default=12, validate=validate.Range(min=1))
     max_filters = fields.Integer(load_default=100, validate=validate.Range(min=1))
-    sse_path = fields.String(load_default="/events", allow_none=True, validate=_check_sse_path)
+    max_publishes_per_second = fields.Integer(load_default=100, validate=validate.Range(min=1))
+    sse_path = fields.String(load_default="/events", allow_none=True, validate=_check_endpoint_path)
+    flywheel_path = fields.String(
+        load_default="/broker", allow_none=True, validate=_check_endpoint_path
+    )
+    gobbler_path = fields.String(
+        load_default="/gobbler", allow_none=True, validate=_check_endpoint_path
+    )
 
 
 class _RecoverySchema(Schema):
@@ -207,6 +217,7 @@ class _ConfigSchema(Schema):
     outbound = fields.Nested(_OutboundSchema, required=True)
     recovery = fields.Nested(_RecoverySchema, load_default=dict)
     api = fields.Nested(_ApiSchema, load_default=dict)
+    history = fields.Raw(load_default=list)
 
 
 @dataclass(frozen=True)
@@ -247,7 +258,10 @@ class Config:
     max_sockets_per_id: int = 100
     max_authenticates_per_minute: int = 12
     max_filters: int = 100
+    max_publishes_per_second: int = 100
     sse_path: str | None = "/events"
+    flywheel_path: str | None = "/broker"
+    gobbler_path: str | None = "/gobbler"
     """The Server-Sent Events endpoint (``GET``); None (or ``""``): none."""
     recovery_enabled: bool = True
     recovery_max_age: float = 120.0
@@ -261,6 +275,8 @@ class Config:
     count_max_ids: int = 10_000
     count_timeout: float = 0.5
     max_counts_per_second: float = 20.0
+    history: tuple[HistoryRule, ...] = ()
+    """Topics kept with a sequence, for replay (``[[history]]``)."""
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.https is None or isinstance(self.https, ssl.SSLContext):
@@ -285,6 +301,10 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         data = _ConfigSchema().load(raw)
     except ValidationError as error:
         raise ValueError("invalid configuration: " + error_text(error.messages)) from None
+    try:
+        history = tuple(history_rules(data["history"]))
+    except ValueError as error:
+        raise ValueError(f"invalid configuration: {error}") from None
     log_interval = data["middleware"].get("log_interval")
     return Config(
         port=data["port"],
@@ -320,7 +340,10 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         max_sockets_per_id=data["outbound"]["max_sockets_per_id"],
         max_authenticates_per_minute=data["outbound"]["max_authenticates_per_minute"],
         max_filters=data["outbound"]["max_filters"],
+        max_publishes_per_second=data["outbound"]["max_publishes_per_second"],
         sse_path=data["outbound"]["sse_path"] or None,
+        flywheel_path=data["outbound"]["flywheel_path"] or None,
+        gobbler_path=data["outbound"]["gobbler_path"] or None,
         recovery_enabled=data["recovery"]["enabled"],
         recovery_max_age=data["recovery"]["max_age"],
         recovery_max_count=data["recovery"]["max_count"],
@@ -332,4 +355,5 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         count_max_ids=data["api"]["count_max_ids"],
         count_timeout=data["api"]["count_timeout"],
         max_counts_per_second=data["api"]["max_counts_per_second"],
+        history=history,
     )

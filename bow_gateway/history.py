@@ -110,6 +110,16 @@ class History:
         self.epoch, self._floor = (None, None) if parsed is None else parsed
         self.last = position
 
+    def is_after(self, position: str, mark: str) -> bool:
+        """Whether ``position`` is of ``mark``'s epoch and after it (another epoch: before)."""
+        parsed, marked = self._parse(position), self._parse(mark)
+        return (
+            parsed is not None
+            and marked is not None
+            and parsed[0] == marked[0]
+            and parsed[1] > marked[1]
+        )
+
     def ahead(self, position: str) -> bool:
         """Whether ``position`` is of this epoch and after the newest one read here."""
         parsed = self._parse(position)

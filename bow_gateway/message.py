@@ -67,6 +67,11 @@ def _remote(name: str) -> bool:
     return len(levels) == 4 and levels[0] == "$remote" and bool(levels[1]) and levels[2] == "rx"
 
 
+def session_of(name: str) -> str:
+    """The session id of a ``$remote/{sessionId}/rx/...`` name ("" for any other name)."""
+    return name.split("/", 3)[1] if _remote(name) else ""
+
+
 def _reserved(name: str) -> bool:
     return (
         name in RESERVED_NAMES
@@ -287,6 +292,7 @@ class MessageEvent:
     middleware_version: str
     message: Message
     accepted_at: float = 0.0  # time.time() when the inbound accepted it, for latency metrics
+    sequence: int | None = None  # its sequence in its topic's history, when kept there ("q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,7 +368,7 @@ def decode_event(data: bytes) -> Event:
         else:
             parts = (document["n"], document["a"], document.get("p"), "p" in document)
             message = PublishedMessage(*parts, Publication(*gobbler))
-        return MessageEvent(document["m"], message, document.get("t", 0.0))
+        return MessageEvent(document["m"], message, document.get("t", 0.0), document.get("q"))
     if "c" in document:
         return CriteriaEvent(document["c"], document["i"], document["k"], document.get("b"))
     if "s" in document:

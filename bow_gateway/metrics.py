@@ -44,15 +44,16 @@ class Metrics:
         )
         self.sockets_connected = Gauge(
             "bow_sockets_connected",
-            "Socket.IO connections open, by outbound version.",
-            ["outbound"],
+            "Client connections open (Socket.IO, SSE, Flywheel), by outbound version and protocol.",
+            ["outbound", "protocol"],
             registry=registry,
             multiprocess_mode="livesum",
         )
         self.sockets_authenticated = Gauge(
             "bow_sockets_authenticated",
-            "Authenticated sockets, by outbound version.",
-            ["outbound"],
+            "Connections held as listeners (authenticated or anonymous), by outbound version and"
+            " protocol.",
+            ["outbound", "protocol"],
             registry=registry,
             multiprocess_mode="livesum",
         )
@@ -82,7 +83,8 @@ class Metrics:
         )
         self.deliveries = Counter(
             "bow_deliveries",
-            "Events written to sockets.",
+            "Events written to connections, by protocol.",
+            ["protocol"],
             registry=registry,
         )
         self.resolution_seconds = Histogram(
@@ -135,6 +137,12 @@ class Metrics:
             "bow_subscribes",
             "Protocol-2 subscribe events, by result (ok, error).",
             ["result"],
+            registry=registry,
+        )
+        self.client_publishes = Counter(
+            "bow_client_publishes",
+            "Messages published by clients (Flywheel's P frames), by protocol and outcome.",
+            ["protocol", "outcome"],
             registry=registry,
         )
         self.kicks = Counter(

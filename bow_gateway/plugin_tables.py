@@ -75,12 +75,17 @@ def read_plugins(
             reference=table[key],
             table=name,
             anonymous_criteria=table.get("anonymous_criteria"),
+            create_message_from_publish=(
+                _resolve(table, name, "create_message_from_publish", options=False)
+                if "create_message_from_publish" in table
+                else None
+            ),
         )
         for name, table in _tables(
             document,
             "outbounds",
             {"version", "middleware_version"},
-            frozenset({"anonymous_criteria"}),
+            frozenset({"anonymous_criteria", "create_message_from_publish"}),
         )
     )
     key = FUNCTION_KEYS["enrichers"]

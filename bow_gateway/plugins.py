@@ -75,6 +75,16 @@ class CreateListenerDetailsFromToken(Protocol):
     def __call__(self, token: Any, /) -> Any | Awaitable[Any]: ...
 
 
+class CreateMessageFromPublish(Protocol):
+    """An outbound: a client's publish (Flywheel's ``P {topic} {body}``) to a message (``name``,
+    ``audience``, ``payload``); ``listener_details`` is ``None`` for an anonymous connection.
+    Raising refuses the publish (the client's errors topic says why)."""
+
+    def __call__(
+        self, listener_details: Mapping[str, Any] | None, topic: str, body: str, /
+    ) -> Any | Awaitable[Any]: ...
+
+
 class CreateCriteriaFromListenerDetails(Protocol):
     """A middleware: listener details to criteria; a ``LookupError`` says the listener is unknown,
     anything else raised refuses it."""
@@ -171,6 +181,8 @@ class OutboundPlugin:
     table: str | None = None
     anonymous_criteria: Mapping[str, Any] | None = None
     """Protocol 2: the criteria of a socket that authenticates with token ``null`` (None: off)."""
+    create_message_from_publish: CreateMessageFromPublish | None = None
+    """What a client's publish becomes (None: clients cannot publish)."""
 
 
 @dataclass(frozen=True)

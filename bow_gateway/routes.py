@@ -1,9 +1,10 @@
 """The gateway's web application: the inbounds, the control endpoints, ``/health``,
-``/metrics``, and the outbounds' Socket.IO and Server-Sent Events endpoints with their limits."""
+``/metrics``, and the outbounds' Socket.IO, Server-Sent Events and Flywheel endpoints with their
+limits."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from aiohttp import web
@@ -13,11 +14,13 @@ from .config import Config
 from .control import Control, check_inbound_paths
 from .http_server import HandshakeLimits, handshake_limits
 from .inbound import Enrich, Handler, basic_auth, health_handler, message_handler
-from .message import Event, encode_event
 from .metrics import Metrics
 from .outbound import SocketOutbound
+from .outbound.flywheel import FlywheelEndpoint
+from .outbound.gobbler import GobblerEndpoint
 from .outbound.sse import SseEndpoint
 from .plugins import HealthCheck, InboundPlugin
+from .publisher import Publisher
 
 HEALTH_PATH: Final = "/health"
 SOCKETIO_PATH: Final = "/socket.io/"
@@ -30,6 +33,7 @@ def build_app(
     inbounds: Mapping[str, InboundPlugin],
     outbound: SocketOutbound,
     backplane: Backplane,
+    publisher: Publisher,
     control: Control,
     metrics: Metrics,
     enrich: Enrich | None,
@@ -38,8 +42,16 @@ def build_app(
 ) -> web.Application:
     """Every route, behind the inbounds' Basic Auth but for the endpoints clients use."""
     open_paths = {HEALTH_PATH}
-    if config.sse_path is not None:
-        open_paths.add(config.sse_path)  # a listener's token, not the inbound's credentials
+    # The clients' endpoints take a listener's token, not the inbounds' credentials
+    client_paths = [
+        path
+        for path in (config.sse_path, config.flywheel_path, config.gobbler_path)
+        if path is not None
+    ]
+    for path in client_paths:
+        if path in inbounds:
+            raise ValueError(f"inbound path {path!r} is an outbound endpoint's (outbound.*_path)")
+        open_paths.add(path)
     if config.metrics_port is None and not config.metrics_auth:
         open_paths.add(METRICS_PATH)
     app = web.Application(
@@ -54,13 +66,10 @@ def build_app(
         ],
     )
 
-    async def publish_many(events: Sequence[Event]) -> list[str]:
-        return await backplane.publish_many([encode_event(event) for event in events])
-
     for spec in inbounds.values():
         handler = message_handler(
             spec,
-            publish_many,
+            publisher.positions,
             metrics,
             enrich=enrich,
             timeout=config.inbound_timeout,
@@ -91,6 +100,22 @@ def build_app(
     if config.sse_path is not None:
         sse = SseEndpoint(outbound, limits, cors_origins=config.cors_origins)
         app.router.add_get(config.sse_path, sse.handle)
+    if config.flywheel_path is not None:
+        flywheel = FlywheelEndpoint(
+            outbound,
+            limits,
+            max_incoming_bytes=config.max_incoming_bytes,
+            max_publishes_per_second=config.max_publishes_per_second,
+        )
+        app.router.add_get(config.flywheel_path, flywheel.handle)
+    if config.gobbler_path is not None:
+        gobbler = GobblerEndpoint(
+            outbound,
+            limits,
+            max_incoming_bytes=config.max_incoming_bytes,
+            max_publishes_per_second=config.max_publishes_per_second,
+        )
+        app.router.add_get(config.gobbler_path, gobbler.handle)
     return app
 
 
@@ -122,9 +147,10 @@ async def _never(request: web.Request) -> Any:
 
 
 def _gateway_path(config: Config) -> Callable[[str], bool]:
-    """Whether a path is the gateway's own: open ones (``/health``, Socket.IO, SSE) or under
-    ``api.prefix``."""
-    own = {HEALTH_PATH, METRICS_PATH, *([config.sse_path] if config.sse_path else [])}
+    """Whether a path is the gateway's own: open ones (``/health``, Socket.IO, the clients'
+    endpoints) or under ``api.prefix``."""
+    clients = (config.sse_path, config.flywheel_path, config.gobbler_path)
+    own = {HEALTH_PATH, METRICS_PATH, *(path for path in clients if path)}
     prefix = config.api_prefix
     return lambda path: (
         path in own

@@ -20,16 +20,16 @@ from .gc_freeze import freeze_after_connects, release_closed_transports
 from .history import History
 from .http_server import app_runner
 from .index import CriteriaIndex
-from .message import (
-    Event,
-    encode_event,
-)
+from .message import Event, encode_event
 from .metrics import Metrics
 from .outbound import Settings, SocketOutbound, normalise_version
+from .outbound.publishing import ClientPublish
+from .outbound.topic_replay import TopicHistory
 from .plugins import (
     AsyncClosable,
     CreateCriteriaFromListenerDetails,
     CreateListenerDetailsFromToken,
+    CreateMessageFromPublish,
     CreateMessageFromRequest,
     CreateMessageFromRequestBody,
     Enrich,
@@ -37,9 +37,10 @@ from .plugins import (
     HealthCheck,
     InboundPlugin,
     OutboundPlugin,
-    PluginFunction,
     WatchesCriteria,
 )
+from .publisher import Publisher
+from .retention import Retentions
 from .routes import METRICS_PATH, build_app, check_inbound
 from .supervisor import Supervisor
 
@@ -137,19 +138,24 @@ class Bow:
         create_listener_details_from_token: CreateListenerDetailsFromToken,
         middleware_version: str,
         anonymous_criteria: Mapping[str, Any] | None = None,
+        create_message_from_publish: CreateMessageFromPublish | None = None,
     ) -> Bow:
-        """Register a Socket.IO handshake version whose tokens become listener details;
-        ``anonymous_criteria``: the criteria of a protocol-2 socket authenticating with token
-        ``null`` (None: refused)."""
+        """Register an outbound version (every client protocol) whose tokens become listener
+        details; ``anonymous_criteria``: the criteria of a listener without a token (None:
+        refused); ``create_message_from_publish``: what a client's publish becomes (None:
+        clients cannot publish)."""
         key = _version("outbound", version)
         if key in self._outbounds:
             raise ValueError(f"outbound version {version!r} is already registered")
         _callable("create_listener_details_from_token", create_listener_details_from_token)
+        if create_message_from_publish is not None:
+            _callable("create_message_from_publish", create_message_from_publish)
         self._outbounds[key] = OutboundPlugin(
             version,
             create_listener_details_from_token,
             _version("middleware_version", middleware_version),
             anonymous_criteria=_anonymous(anonymous_criteria),
+            create_message_from_publish=create_message_from_publish,
         )
         self._middleware_references.append((f"outbound {version!r}", middleware_version))
         return self
@@ -206,6 +212,9 @@ class Bow:
         async def publish(event: Event) -> str:
             return await backplane.publish(encode_event(event))
 
+        retentions = Retentions(config.history)
+        self._publisher = publisher = Publisher(backplane, retentions)
+
         self._history = history = History(
             backplane.parse_position,
             max_count=config.recovery_max_count,
@@ -236,6 +245,19 @@ class Bow:
             transports=config.transports,
             cors_origins=config.cors_origins,
             metrics=self.metrics,
+            topic_history=(
+                TopicHistory(backplane.topic_bounds, backplane.topic_read, retentions)
+                if retentions
+                else None
+            ),
+            client_publish=ClientPublish(
+                publisher.published,
+                enrich=self._enrichers.enrich_all if self._enrichers else None,
+                timeout=config.inbound_timeout,
+                max_queries=config.max_queries,
+                max_predicates=config.max_predicates,
+                max_event_bytes=config.max_event_bytes,
+            ),
         )
         consumer = Consumer(
             backplane,
@@ -282,6 +304,7 @@ class Bow:
             inbounds=self._inbounds,
             outbound=outbound,
             backplane=backplane,
+            publisher=self._publisher,
             control=self._control,
             metrics=self.metrics,
             enrich=self._enrichers.enrich_all if self._enrichers else None,
@@ -366,10 +389,15 @@ class Bow:
             await self._consumer
             self._consumer = None
 
-    def _inbound_functions(self) -> list[PluginFunction]:
+    def _inbound_functions(self) -> list[object]:
         return [
             *(spec.function for spec in self._inbounds.values()),
             *(spec.create_listener_details_from_token for spec in self._outbounds.values()),
+            *(
+                spec.create_message_from_publish
+                for spec in self._outbounds.values()
+                if spec.create_message_from_publish is not None
+            ),
             *self._enrichers.functions(),
         ]
 

@@ -245,6 +245,7 @@ def build_bow(settings: Settings) -> Bow:
                 create_listener_details_from_token=outbound.create_listener_details_from_token,
                 middleware_version=outbound.middleware_version,
                 anonymous_criteria=outbound.anonymous_criteria,
+                create_message_from_publish=outbound.create_message_from_publish,
             )
     for enricher in settings.enrichers:
         with naming(enricher.table):

@@ -6,8 +6,9 @@ number of levels, none included (``a/#`` matches ``a``). Names whose first level
 are the gateway's: no client may hold a filter for them, and neither ``+`` nor ``#`` at the first
 level matches them.
 
-Every outbound (Socket.IO protocol 2 now; Flywheel and SSE later) keeps a :class:`TopicIndex` of
-its connections' filters. A connection with no filter receives every name, and costs nothing here.
+Every outbound keeps a :class:`TopicIndex` of its connections' filters. A Socket.IO or SSE
+connection with no filter receives every name, and costs nothing here; a Flywheel connection is
+*strict* (:meth:`TopicIndex.hold_strictly`): it receives only what it subscribed to.
 """
 
 from __future__ import annotations
@@ -100,19 +101,25 @@ class TopicIndex(Generic[S]):
     :meth:`match` costs in proportion to the levels of the name, the nodes of the filters that
     match its first levels, and the holders it returns: never to the number of holders of
     filters that do not match. :meth:`narrow` drops, from a resolved audience, the holders whose
-    filters do not match a name; holders without filters always stay.
+    filters do not match a name; holders without filters always stay, unless held strictly.
     """
 
     def __init__(self) -> None:
         self._root: _Node[S] = _Node()
         self.holders: dict[S, set[str]] = {}
-        """Each holder with at least one filter, to its filters (read only: delivery skips
-        :meth:`narrow` while it is empty)."""
+        """Each holder with at least one filter (or held strictly), to its filters (read only:
+        delivery skips :meth:`narrow` while it is empty)."""
         self.visited = 0
         """Nodes the last :meth:`match` or :meth:`narrow` visited (the cost tests read it)."""
+        self._strict: set[S] = set()
+
+    def hold_strictly(self, holder: S) -> None:
+        """Let ``holder`` receive only names its filters match, none while it holds none."""
+        self._strict.add(holder)
+        self.holders.setdefault(holder, set())
 
     def __len__(self) -> int:
-        """The number of holders with at least one filter."""
+        """The number of holders with at least one filter, or held strictly."""
         return len(self.holders)
 
     def __contains__(self, holder: object) -> bool:
@@ -146,7 +153,7 @@ class TopicIndex(Generic[S]):
         if filters is None or text not in filters:
             return False
         filters.discard(text)
-        if not filters:
+        if not filters and holder not in self._strict:
             del self.holders[holder]
         path: list[tuple[_Node[S], str]] = []
         node = self._root
@@ -163,8 +170,10 @@ class TopicIndex(Generic[S]):
 
     def discard(self, holder: S) -> None:
         """Forget every filter of ``holder`` (it disconnected)."""
+        self._strict.discard(holder)
         for text in list(self.holders.get(holder, ())):
             self.remove(holder, text)
+        self.holders.pop(holder, None)
 
     def match(self, name: str) -> set[S]:
         """Every holder of a filter matching ``name``."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
@@ -13,7 +14,14 @@ from typing import Any
 
 import pytest
 
-from bow_gateway.backplanes import Backplane, BackplaneUnavailable, Entry, Gap, MemoryBackplane
+from bow_gateway.backplanes import (
+    Backplane,
+    BackplaneUnavailable,
+    Entry,
+    Gap,
+    MemoryBackplane,
+    Retention,
+)
 from bow_gateway.backplanes.redis import RedisBackplane
 
 from .redis_server import RedisServer
@@ -469,3 +477,114 @@ async def test_release_frees_a_claim(backend: Backend) -> None:
     await first.release("user 1", "socket a")
     await first.release("user 1", "never claimed")
     assert await second.claim("user 1", "socket b", 1)
+
+
+# -- topic histories (clients.md section 14) -------------------------------------------------
+# Events kept under a sequence distinct and increasing within their topic, carried by the event
+# as "q", read back in order, bounded by count and age; on Redis, across instances and across a
+# reconnect (the history lives in Redis, not in the instance).
+
+CHAT = Retention("/chat/room1", max_count=1_000, max_age=3_600)
+
+
+def event(n: int | str) -> bytes:
+    return json.dumps({"m": "v1", "n": f"/chat/{n}"}).encode()
+
+
+async def test_kept_events_get_sequences_from_1_in_their_topic(backend: Backend) -> None:
+    backplane = await backend.connected()
+    other = Retention("/chat/room2", 1_000, 3_600)
+    published = await backplane.publish_retained(
+        [(event(1), CHAT), (event(2), other), (event(3), None), (event(4), CHAT)]
+    )
+    assert [sequence for _, sequence in published] == [1, 1, None, 2]
+    positions = [position for position, _ in published]
+    assert positions == sorted(positions, key=lambda p: backplane.parse_position(p) or ())
+
+
+async def test_the_event_carries_its_sequence_in_the_stream_and_the_history(
+    backend: Backend,
+) -> None:
+    backplane = await backend.connected()
+    await backplane.publish_retained([(event(1), CHAT), (event(2), None)])
+    delivered = await take(backplane, 2)
+    assert json.loads(delivered[0]) == {"q": 1, "m": "v1", "n": "/chat/1"}
+    assert json.loads(delivered[1]) == {"m": "v1", "n": "/chat/2"}
+    [stored] = await backplane.topic_read(CHAT.topic, 1, 10)
+    assert (stored.sequence, stored.data) == (1, delivered[0])
+    [entry] = await backplane.publish_retained([(event(3), CHAT)])
+    [second] = await backplane.topic_read(CHAT.topic, 2, 10)
+    assert second.position == entry[0]  # where the event is among all events
+    assert abs(stored.time - time.time()) < 5
+
+
+async def test_a_history_reads_in_order_from_a_sequence(backend: Backend) -> None:
+    backplane = await backend.connected()
+    await backplane.publish_retained([(event(n), CHAT) for n in range(50)])
+    assert await backplane.topic_bounds(CHAT.topic) == (1, 50)
+    read = await backplane.topic_read(CHAT.topic, 42, 5)
+    assert [stored.sequence for stored in read] == [42, 43, 44, 45, 46]
+    assert [json.loads(s.data)["n"] for s in read] == [f"/chat/{n}" for n in range(41, 46)]
+    assert [s.sequence for s in await backplane.topic_read(CHAT.topic, 48, 10)] == [48, 49, 50]
+    assert await backplane.topic_read(CHAT.topic, 51, 10) == []
+    assert await backplane.topic_read(CHAT.topic, 1, 0) == []
+
+
+async def test_an_unknown_topic_has_no_history(backend: Backend) -> None:
+    backplane = await backend.connected()
+    assert await backplane.topic_bounds("/nothing/here") is None
+    assert await backplane.topic_read("/nothing/here", 1, 10) == []
+
+
+async def test_a_topic_past_max_count_keeps_its_newest(backend: Backend) -> None:
+    backplane = await backend.connected()
+    small = Retention("/chat/small", max_count=10, max_age=3_600)
+    await backplane.publish_retained([(event(n), small) for n in range(25)])
+    assert await backplane.topic_bounds(small.topic) == (16, 25)
+    kept = await backplane.topic_read(small.topic, 1, 100)
+    assert [s.sequence for s in kept] == list(range(16, 26))
+
+
+async def test_a_topic_past_max_age_is_trimmed_as_it_grows(backend: Backend) -> None:
+    backplane = await backend.connected()
+    short = Retention("/chat/short", max_count=1_000, max_age=0.2)
+    await backplane.publish_retained([(event(n), short) for n in range(5)])
+    await asyncio.sleep(0.4)
+    await backplane.publish_retained([(event(n), short) for n in range(5, 40)])
+    first, last = await backplane.topic_bounds(short.topic) or (0, 0)
+    assert last == 40
+    assert first > 5  # the five old ones are gone (readers also skip what is past max age)
+
+
+async def test_concurrent_instances_get_distinct_increasing_sequences_in_stream_order(
+    shared_backend: Backend,
+) -> None:
+    first, second = await shared_backend.connected(), await shared_backend.connected()
+
+    async def publish_all(backplane: Backplane, tag: str) -> list[int | None]:
+        sequences: list[int | None] = []
+        for n in range(100):
+            [(_, sequence)] = await backplane.publish_retained([(event(f"{tag}{n}"), CHAT)])
+            sequences.append(sequence)
+        return sequences
+
+    a, b = await asyncio.gather(publish_all(first, "a"), publish_all(second, "b"))
+    assert sorted(s for s in a + b if s is not None) == list(range(1, 201))
+    assert a == sorted(a) and b == sorted(b)
+    delivered = [json.loads(data)["q"] for data in await take(first, 200)]
+    assert delivered == list(range(1, 201))  # the stream's order is the sequences' order
+
+
+async def test_the_history_outlives_the_instance_that_wrote_it(shared_backend: Backend) -> None:
+    writer = await shared_backend.connected()
+    await writer.publish_retained([(event(n), CHAT) for n in range(3)])
+    await writer.disconnect()
+    later = await shared_backend.connected()
+    assert await later.topic_bounds(CHAT.topic) == (1, 3)
+    [(_, sequence)] = await later.publish_retained([(event(3), CHAT)])
+    assert sequence == 4
+
+
+async def test_publish_retained_before_connect_is_refused(backend: Backend) -> None:
+    with pytest.raises(BackplaneUnavailable):
+        await backend.new().publish_retained([(event(1), CHAT)])

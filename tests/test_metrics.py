@@ -59,11 +59,11 @@ async def test_metrics_count_real_traffic(
 
     assert moved('bow_messages_accepted_total{inbound="/v1.2/messages"}') == 3
     assert moved('bow_messages_refused_total{inbound="/v1.2/messages",status="422"}') == 1
-    assert moved("bow_deliveries_total{}") == 6
+    assert moved('bow_deliveries_total{protocol="socketio"}') == 6
     assert moved('bow_authentications_total{outbound="v1.3",outcome="accepted"}') == 2
     assert moved('bow_authentications_total{outbound="v1.3",outcome="refused"}') == 1
-    assert after['bow_sockets_connected{outbound="v1.3"}'] == 1
-    assert after['bow_sockets_authenticated{outbound="v1.3"}'] == 1
+    assert after['bow_sockets_connected{outbound="v1.3",protocol="socketio"}'] == 1
+    assert after['bow_sockets_authenticated{outbound="v1.3",protocol="socketio"}'] == 1
     assert moved('bow_disconnects_total{reason="refused"}') == 1
     assert moved("bow_audience_resolution_seconds_count{}") == 3  # the 422 never got that far
     assert moved("bow_delivery_latency_seconds_count{}") == 3

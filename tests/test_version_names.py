@@ -41,7 +41,7 @@ async def test_either_spelling_connects_and_is_labelled_as_configured(
     await listener.authenticate(token("USER/1"))
     text = await metrics(http, url)
     await listener.close()
-    assert 'bow_sockets_authenticated{outbound="v1.3"} 1.0' in text
+    assert 'bow_sockets_authenticated{outbound="v1.3",protocol="socketio"} 1.0' in text
     assert 'bow_authentications_total{outbound="v1.3",outcome="accepted"} 1.0' in text
     assert 'outbound="1.3"' not in text
     assert any("connected to outbound v1.3 " in r.getMessage() for r in caplog.records)
@@ -65,7 +65,7 @@ async def test_a_version_configured_without_its_v_keeps_it_off(
     await listener.authenticate(token("USER/1"))
     text = await metrics(http, url)
     await listener.close()
-    assert 'bow_sockets_authenticated{outbound="2"} 1.0' in text
+    assert 'bow_sockets_authenticated{outbound="2",protocol="socketio"} 1.0' in text
 
 
 async def test_an_unknown_version_is_refused_listing_the_versions_as_configured(

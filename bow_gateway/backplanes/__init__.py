@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Backplane, BackplaneUnavailable, Entry, Gap
+from .base import Backplane, BackplaneUnavailable, Entry, Gap, Retention, Stored
 from .memory import MemoryBackplane
 
 __all__ = [
@@ -18,6 +18,8 @@ __all__ = [
     "Entry",
     "Gap",
     "MemoryBackplane",
+    "Retention",
+    "Stored",
     "backplane_from_config",
 ]
 

@@ -37,6 +37,33 @@ class Gap:
     reason: str  # "epoch_changed" | "trimmed"
 
 
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """Keep an event in its topic's history too (``clients.md`` section 14): at most
+    ``max_count`` events of the topic, none older than ``max_age`` seconds."""
+
+    topic: str
+    max_count: int
+    max_age: float
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """One event of a topic's history: its sequence in the topic, its data, when it was kept
+    (seconds since the Unix epoch, by the backplane's clock), and its position among all events
+    (a reader joining a replay to live delivery knows which of them live delivery brings)."""
+
+    sequence: int
+    data: bytes
+    time: float
+    position: str
+
+
+def with_sequence(data: bytes, sequence: int) -> bytes:
+    """An encoded event (a JSON object) carrying its topic sequence as ``"q"``, first."""
+    return b'{"q":%d,%s' % (sequence, data[1:])
+
+
 EPOCH_CHANGED = "epoch_changed"
 TRIMMED = "trimmed"
 
@@ -67,6 +94,26 @@ class Backplane(abc.ABC):
         This default publishes them one at a time, each after the last was taken: the in-process
         and Redis backends override it, and so should a backplane of your own."""
         return [await self.publish(data) for data in events]
+
+    # -- topic histories (clients.md section 14) -------------------------------------------
+
+    async def publish_retained(
+        self, events: list[tuple[bytes, Retention | None]]
+    ) -> list[tuple[str, int | None]]:
+        """:meth:`publish_many`, each event with a :class:`Retention` also kept in its topic's
+        history under the topic's next sequence (distinct and increasing within the topic, on
+        every instance), which its data then carries (:func:`with_sequence`), in the history and
+        in :meth:`events` alike, in one atomic step: ``(position, sequence or None)`` each."""
+        raise BackplaneUnavailable(f"{type(self).__name__} keeps no topic history")
+
+    async def topic_bounds(self, topic: str) -> tuple[int, int] | None:
+        """The first and last sequence ``topic``'s history holds (None: it holds none)."""
+        return None
+
+    async def topic_read(self, topic: str, start: int, count: int) -> list[Stored]:
+        """At most ``count`` events of ``topic``'s history from sequence ``start`` on, in order
+        (those past their ``max_age`` may still be among them: the reader skips them)."""
+        return []
 
     @abc.abstractmethod
     def events(self) -> AsyncIterator[Entry | Gap]:

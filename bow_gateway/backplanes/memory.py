@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final
 
-from .base import Backplane, BackplaneUnavailable, Entry, Gap
+from .base import Backplane, BackplaneUnavailable, Entry, Gap, Retention, Stored, with_sequence
 
 _POSITION: Final = re.compile(r"([0-9a-z]{1,32})\.([0-9]{1,20})")
 
@@ -27,6 +29,9 @@ class MemoryBackplane(Backplane):
         self._count = 0
         self._asks: dict[str, tuple[list[bytes], asyncio.Event]] = {}
         self._claims: dict[str, set[str]] = {}
+        # Topic histories: each topic's last sequence, and what it keeps (sequence order)
+        self._sequences: dict[str, int] = {}
+        self._topics: dict[str, deque[Stored]] = {}
 
     async def connect(self) -> None:
         # The bound is kept by publish(), so that disconnect() can always add the end marker.
@@ -45,7 +50,47 @@ class MemoryBackplane(Backplane):
         may pass the bound by its own size at most."""
         return self._put(events)
 
-    def _put(self, events: list[bytes]) -> list[str]:
+    async def publish_retained(
+        self, events: list[tuple[bytes, Retention | None]]
+    ) -> list[tuple[str, int | None]]:
+        self._check()
+        now = time.time()
+        datas: list[bytes] = []
+        sequences: list[int | None] = []
+        for data, retention in events:
+            sequence = None
+            if retention is not None:
+                sequence = self._sequences.get(retention.topic, 0) + 1
+                self._sequences[retention.topic] = sequence
+                data = with_sequence(data, sequence)
+            sequences.append(sequence)
+            datas.append(data)
+        positions = self._put(datas)
+        for (_, retention), sequence, data, position in zip(
+            events, sequences, datas, positions, strict=True
+        ):
+            if retention is None or sequence is None:
+                continue
+            kept = self._topics.get(retention.topic)
+            if kept is None or kept.maxlen != retention.max_count:
+                kept = self._topics[retention.topic] = deque(kept or (), retention.max_count)
+            kept.append(Stored(sequence, data, now, position))
+            while kept and kept[0].time < now - retention.max_age:
+                kept.popleft()
+        return list(zip(positions, sequences, strict=True))
+
+    async def topic_bounds(self, topic: str) -> tuple[int, int] | None:
+        kept = self._topics.get(topic)
+        return (kept[0].sequence, kept[-1].sequence) if kept else None
+
+    async def topic_read(self, topic: str, start: int, count: int) -> list[Stored]:
+        kept = self._topics.get(topic)
+        if not kept or count <= 0:
+            return []
+        first = max(0, start - kept[0].sequence)  # sequences are contiguous in a topic's history
+        return [kept[index] for index in range(first, min(len(kept), first + count))]
+
+    def _check(self) -> asyncio.Queue[Entry | None]:
         queue = self._queue
         if queue is None:
             raise BackplaneUnavailable("the gateway is not running")
@@ -53,6 +98,10 @@ class MemoryBackplane(Backplane):
             raise BackplaneUnavailable(
                 f"{self._max_pending} events are already waiting for delivery"
             )
+        return queue
+
+    def _put(self, events: list[bytes]) -> list[str]:
+        queue = self._check()
         positions = []
         for data in events:
             self._count += 1

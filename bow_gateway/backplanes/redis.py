@@ -27,7 +27,16 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ..redis_client import RedisSettings, describe, redis_client
-from .base import EPOCH_CHANGED, TRIMMED, Backplane, BackplaneUnavailable, Entry, Gap
+from .base import (
+    EPOCH_CHANGED,
+    TRIMMED,
+    Backplane,
+    BackplaneUnavailable,
+    Entry,
+    Gap,
+    Retention,
+    Stored,
+)
 from .redis_ids import (
     POSITION,
     Cursor,
@@ -50,9 +59,12 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Client = Redis | RedisCluster
 FIELD = b"d"
+POSITION_FIELD = b"p"  # a topic history's entry: where the event is in the stream
 _FAILURES = FAILURES
-_Group: TypeAlias = tuple[list[bytes], asyncio.Future[list[str]]]
-"""The events of one publish, in order, and their positions once Redis has taken them all."""
+_Out: TypeAlias = tuple[bytes, Retention | None]
+_Group: TypeAlias = tuple[list[_Out], asyncio.Future[list[tuple[str, int | None]]]]
+"""The events of one publish, in order, and their positions (and sequences, for those kept in
+a topic's history) once Redis has taken them all."""
 
 
 class _Stopped(Exception):
@@ -86,6 +98,7 @@ class RedisBackplane(Backplane):
         self.namespace = namespace
         self.key = f"{{{namespace}}}:events"  # a hash tag, so that a cluster never splits it
         self.epoch_key = f"{{{namespace}}}:epoch"
+        self.sequences_key = f"{{{namespace}}}:sequences"  # each topic's last sequence
         self.instance_id = secrets.token_hex(8)
         self._max_len = max_len
         self._block_ms = block_ms
@@ -127,6 +140,9 @@ class RedisBackplane(Backplane):
         scripts = Scripts(client)
         try:
             self._cursor = await self._tail(client, scripts)
+            # Every script at once: a pipeline mixing scripts must never find one loaded and
+            # another not, or the calls sent again after loading would land after the others.
+            await scripts.load_all()
         except BaseException:
             for close in closers:
                 await close()
@@ -161,20 +177,71 @@ class RedisBackplane(Backplane):
     async def publish(self, data: bytes) -> str:
         """``XADD`` within ``publish_timeout`` and return the position, or raise
         :class:`BackplaneUnavailable`; no retry."""
-        return (await self._publish([data]))[0]
+        return (await self._publish([(data, None)]))[0][0]
 
     async def publish_many(self, events: list[bytes]) -> list[str]:
         """Every event's ``XADD`` in one pipeline (however many, however large), in order, within
         ``publish_timeout``; their positions, or :class:`BackplaneUnavailable` if any failed."""
+        return [position for position, _ in await self._publish([(data, None) for data in events])]
+
+    async def publish_retained(
+        self, events: list[tuple[bytes, Retention | None]]
+    ) -> list[tuple[str, int | None]]:
+        """:meth:`publish_many`; a kept event's script also appends it to its topic's history,
+        a stream ``{namespace}:topic:{topic}`` whose ids are ``{sequence}-{ms}``."""
         return await self._publish(list(events))
 
-    async def _publish(self, events: list[bytes]) -> list[str]:
+    def topic_key(self, topic: str) -> str:
+        return f"{{{self.namespace}}}:topic:{topic}"
+
+    async def topic_bounds(self, topic: str) -> tuple[int, int] | None:
+        client = self._connected()
+        key = self.topic_key(topic)
+        try:
+            pipeline = client.pipeline(transaction=False)
+            pipeline.xrange(key, "-", "+", count=1)
+            pipeline.xrevrange(key, "+", "-", count=1)
+            first, last = await pipeline.execute()
+        except _FAILURES as exc:
+            raise BackplaneUnavailable(f"Redis did not answer: {_reason(exc)}") from exc
+        if not first or not last:
+            return None
+        return _sequence_of(first[0][0]), _sequence_of(last[0][0])
+
+    async def topic_read(self, topic: str, start: int, count: int) -> list[Stored]:
+        client = self._connected()
+        if count <= 0:
+            return []
+        try:
+            entries: Any = await client.xrange(
+                self.topic_key(topic), f"{max(start, 0)}-0", "+", count
+            )
+        except _FAILURES as exc:
+            raise BackplaneUnavailable(f"Redis did not answer: {_reason(exc)}") from exc
+        return [
+            Stored(
+                _sequence_of(entry_id),
+                fields[FIELD],
+                _ms_of(entry_id) / 1000,
+                as_text(fields[POSITION_FIELD]),
+            )
+            for entry_id, fields in entries
+        ]
+
+    def _connected(self) -> Client:
+        if self._client is None:
+            raise BackplaneUnavailable("the gateway is not connected to Redis")
+        return self._client
+
+    async def _publish(self, events: list[_Out]) -> list[tuple[str, int | None]]:
         client = self._client
         if client is None:
             raise BackplaneUnavailable("the gateway is not connected to Redis")
         if not events:
             return []
-        written: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+        written: asyncio.Future[list[tuple[str, int | None]]] = (
+            asyncio.get_running_loop().create_future()
+        )
         self._pending.append((events, written))
         if self._writer is None:
             self._writer = asyncio.ensure_future(self._write(client))
@@ -319,7 +386,7 @@ class RedisBackplane(Backplane):
         batch: list[_Group] = []
         count = size = taken = 0
         for events, written in self._pending:
-            more = sum(map(len, events))
+            more = sum(len(data) for data, _ in events)
             if batch and (count + len(events) > self._batch or size + more > self._batch_bytes):
                 break
             taken += 1
@@ -329,14 +396,24 @@ class RedisBackplane(Backplane):
         del self._pending[:taken]
         return batch
 
-    async def _xadd(self, events: list[bytes]) -> list[Any]:
-        """Run the publish script for each event: one call alone (cheaper), else a pipeline."""
+    async def _xadd(self, events: list[_Out]) -> list[Any]:
+        """Run the publish script for each event (the retain script for one kept in a topic's
+        history): one call alone (cheaper), else a pipeline."""
         assert self._scripts is not None
         keys, epoch = [self.key, self.epoch_key], secrets.token_hex(6)
-        if len(events) == 1:
-            return [await self._scripts.run("publish", keys, [events[0], epoch, self._max_len])]
-        calls: list[list[Any]] = [[data, epoch, self._max_len] for data in events]
-        return await self._scripts.pipelined("publish", keys, calls)
+        calls: list[tuple[str, list[str], list[Any]]] = []
+        for data, retention in events:
+            if retention is None:
+                calls.append(("publish", keys, [data, epoch, self._max_len]))
+                continue
+            topic_keys = [*keys, self.sequences_key, self.topic_key(retention.topic)]
+            max_age_ms = max(1, round(retention.max_age * 1000))
+            args = [data, epoch, self._max_len, retention.topic, retention.max_count, max_age_ms]
+            calls.append(("retain", topic_keys, args))
+        if len(calls) == 1:
+            name, call_keys, args = calls[0]
+            return [await self._scripts.run(name, call_keys, args)]
+        return await self._scripts.mixed(calls)
 
     async def _xread(self, client: Client, cursor: Cursor) -> tuple[Any, str | None]:
         """``XREAD`` on from ``cursor``, then (if it found entries) the epoch they belong to."""
@@ -468,20 +545,31 @@ class RedisBackplane(Backplane):
         self._healthy = False
 
 
-def _settle(written: asyncio.Future[list[str]], answers: list[Any]) -> None:
-    """The group's positions from its scripts' answers, or the first failure among them."""
+def _settle(written: asyncio.Future[list[tuple[str, int | None]]], answers: list[Any]) -> None:
+    """The group's positions (and sequences) from its scripts' answers, or the first failure
+    among them."""
     failure = next((answer for answer in answers if isinstance(answer, Exception)), None)
     if failure is not None:
         written.set_exception(failure)
         return
-    positions = []
-    for value, entry_id in answers:
-        epoch = bytes(value).partition(b" ")[0].decode()
-        positions.append(f"{epoch}.{as_text(entry_id)}")
-    written.set_result(positions)
+    published: list[tuple[str, int | None]] = []
+    for answer in answers:
+        epoch = bytes(answer[0]).partition(b" ")[0].decode()
+        sequence = int(answer[2]) if len(answer) > 2 else None
+        published.append((f"{epoch}.{as_text(answer[1])}", sequence))
+    written.set_result(published)
 
 
-def _what(events: list[bytes]) -> str:
+def _sequence_of(entry_id: Any) -> int:
+    """A topic history's id ``{sequence}-{ms}``: the sequence."""
+    return int(as_text(entry_id).partition("-")[0])
+
+
+def _ms_of(entry_id: Any) -> int:
+    return int(as_text(entry_id).partition("-")[2])
+
+
+def _what(events: list[Any]) -> str:
     return "the event" if len(events) == 1 else f"the {len(events)} events"
 
 

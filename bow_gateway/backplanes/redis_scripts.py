@@ -45,6 +45,50 @@ return {value, id}
 """
 )
 
+RETAIN: Final = (
+    _NEW_EPOCH
+    + """
+-- PUBLISH, the event also kept in its topic's history with the topic's next sequence.
+-- KEYS: stream, epoch key, sequences (a hash: topic to its last), the topic's history (a
+-- stream whose ids are "{sequence}-{ms}", fields d (the data) and p (its position)); ARGV: data,
+-- a new epoch, max length, topic, max count, max age (ms). Both copies of the data carry the
+-- sequence: {"q":N,...}.
+-- Returns {epoch value, id, sequence}.
+local value = redis.call('GET', KEYS[2])
+if not value or redis.call('EXISTS', KEYS[1]) == 0 then
+  value = new_epoch(KEYS[1], KEYS[2], ARGV[2], false)
+end
+local function ms_of(id) return tonumber(string.match(id, '-(%d+)$')) end
+local t = redis.call('TIME')
+local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local seq = redis.call('HINCRBY', KEYS[3], ARGV[4], 1)
+if seq == 1 then  -- a new topic, or its sequence lost (the hash deleted) but not its history
+  local last = redis.call('XREVRANGE', KEYS[4], '+', '-', 'COUNT', 1)[1]
+  if last then
+    seq = tonumber(string.match(last[1], '^(%d+)-')) + 1
+    redis.call('HSET', KEYS[3], ARGV[4], seq)
+    ms = math.max(ms, ms_of(last[1]))
+  end
+end
+local data = '{"q":' .. string.format('%d', seq) .. ',' .. string.sub(ARGV[1], 2)
+local entry = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'd', data)
+local epoch = string.match(value, '^[^ ]*')
+local id = string.format('%d-%d', seq, ms)
+redis.call('XADD', KEYS[4], 'MAXLEN', ARGV[5], id, 'd', data, 'p', epoch .. '.' .. entry)
+local cutoff = ms - tonumber(ARGV[6])
+local oldest = seq % 16 == 0 and redis.call('XRANGE', KEYS[4], '-', '+', 'COUNT', 1)[1]
+if oldest and ms_of(oldest[1]) < cutoff then  -- every 16th: drop the front past max age
+  local front = redis.call('XRANGE', KEYS[4], '-', '+', 'COUNT', 100)
+  local keep = string.format('%d-0', tonumber(string.match(front[#front][1], '^(%d+)-')) + 1)
+  for _, entry in ipairs(front) do
+    if ms_of(entry[1]) >= cutoff then keep = entry[1] break end
+  end
+  redis.call('XTRIM', KEYS[4], 'MINID', keep)
+end
+return {value, entry, seq}
+"""
+)
+
 LOOK: Final = (
     _NEW_EPOCH
     + """
@@ -117,6 +161,7 @@ class Scripts:
             name: client.register_script(source)
             for name, source in {
                 "publish": PUBLISH,
+                "retain": RETAIN,
                 "look": LOOK,
                 "heartbeat": HEARTBEAT,
                 "live": LIVE,
@@ -127,6 +172,10 @@ class Scripts:
     def sha(self, name: str) -> str:
         sha: str = self._registered[name].sha
         return sha
+
+    async def load_all(self) -> None:
+        for name in self._registered:
+            await self.load(name)
 
     async def load(self, name: str) -> None:
         """``SCRIPT LOAD`` (on every primary of a cluster)."""
@@ -144,16 +193,21 @@ class Scripts:
         raise AssertionError("unreachable")
 
     async def pipelined(self, name: str, keys: list[str], calls: list[list[Any]]) -> list[Any]:
-        """The script once per list of arguments in ``calls``, in one pipeline; a result is an
-        exception where that call failed. Calls refused for lack of the script are loaded and
+        """The script once per list of arguments in ``calls``, in one pipeline (:meth:`mixed`)."""
+        return await self.mixed([(name, keys, args) for args in calls])
+
+    async def mixed(self, calls: list[tuple[str, list[str], list[Any]]]) -> list[Any]:
+        """Each ``(script, keys, arguments)`` in one pipeline, in order; a result is an
+        exception where that call failed. Calls refused for lack of their script are loaded and
         sent again (they did not run)."""
         results: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
         for attempt in (0, 1):
             pipeline = self._client.pipeline(transaction=False)
             for n in todo:
+                name, keys, args = calls[n]
                 # execute_command: redis-py's cluster pipeline refuses its evalsha() method
-                pipeline.execute_command("EVALSHA", self.sha(name), len(keys), *keys, *calls[n])
+                pipeline.execute_command("EVALSHA", self.sha(name), len(keys), *keys, *args)
             answers = await pipeline.execute(raise_on_error=False)
             missing = []
             for n, answer in zip(todo, answers, strict=True):
@@ -162,7 +216,7 @@ class Scripts:
                     missing.append(n)
             if not missing or attempt:
                 break
-            await self.load(name)
+            await self.load_all()  # Redis lost them all (a restart, SCRIPT FLUSH): all fail
             todo = missing
         return results
 

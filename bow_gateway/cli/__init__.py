@@ -37,6 +37,8 @@ from .common import (
     UsageError,
     positive_int,
 )
+from .history import add_arguments as add_history_arguments
+from .history import history as run_history
 from .listen import listen as run_listen
 from .push import add_arguments as add_push_arguments
 from .push import push as run_push
@@ -249,6 +251,21 @@ def _parser() -> argparse.ArgumentParser:
     _url_option(push)
     add_push_arguments(push)
     push.set_defaults(run=run_push)
+
+    history = commands.add_parser(
+        "history",
+        help="print a topic's kept messages as a listener may see them",
+        formatter_class=_Formatter,
+        description="Connect with Socket.IO protocol 2 as a listener, ask for a topic's history\n"
+        '(replay, docs/history.md) and print one JSON line per message ({"event", "data",\n'
+        '"sequence"}): only those the listener\'s criteria match now. Exit 0, 1 if refused.',
+        epilog="Examples:\n"
+        '  bow-gateway history /chat/room1 --last 20 --token "$TOKEN"\n'
+        "  bow-gateway history /chat/room1 --from 42 --id marvin --criteria '{\"room\": 1}'",
+    )
+    _url_option(history)
+    add_history_arguments(history)
+    history.set_defaults(run=run_history)
 
     criteria_job = commands.add_parser(
         "criteria-job",

@@ -119,6 +119,53 @@ class Authenticator:
         if replay:
             await outbound.writer.replay(connection)
 
+    # -- for the plain WebSocket outbounds (Flywheel's bind, Gobbler's handshake) -----------
+
+    async def admit(self, connection: Connection, credentials: Any) -> bool:
+        """Authenticate ``connection`` (again) with ``credentials`` (None: anonymous) under
+        section 8's rules, and hold it in its index. :class:`Refusal` for credentials refused;
+        False when the connection is being closed instead (another id, the per-id limit, a
+        kick: its ``farewell`` says why)."""
+        outbound = self._outbound
+        version = connection.outbound.version
+        basis = outbound.history.last  # control changes after it were not seen by the functions
+        refreshes = self._refreshes.get(connection.outbound.middleware_version, 0)
+        try:
+            details, criteria = await self._criteria_for(connection, credentials)
+        except Refusal:
+            outbound.metrics.authentications.labels(version, "refused").inc()
+            raise
+        if connection.closing is not None:
+            return False
+        listener_id: ListenerId | None = None if details is None else details["id"]
+        upgrade = connection.listener_id is None and listener_id is not None
+        if connection.authenticated and listener_id != connection.listener_id and not upgrade:
+            text = "a connection cannot change its id: connect a new one"
+            outbound.close(connection, codes.ID_CHANGED, text)
+            return False
+        if listener_id is not None and connection.listener_id is None:
+            if not await self._take_place(connection, listener_id):
+                return False
+        if listener_id is not None:
+            control = outbound.history.changes.control_after(basis, listener_id)
+            if control is not None and control[0] == "kick":
+                kick = control[1]
+                outbound.close(
+                    connection, codes.KICKED, kick.reason or "kicked", reconnect=kick.reconnect
+                )
+                return False
+            if control is not None:  # POST /_bow/criteria while the functions ran: it wins
+                criteria = {**control[1], ID_KEY: listener_id}
+        self._index(connection, listener_id, details, criteria)
+        connection.details = details  # create_message_from_publish is given them
+        outbound.metrics.authentications.labels(version, "accepted").inc()
+        logger.info(
+            "%s connection %s: listener %r", connection.codec.protocol, connection.sid, listener_id
+        )
+        if listener_id is not None:
+            await self._share(connection, listener_id, criteria, refreshes, basis)
+        return connection.closing is None
+
     # -- for the SSE outbound, which authenticates once, before its stream starts -----------
 
     async def criteria_for(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Final, Protocol
 
 from ..codes import Code
-from ..message import Message, dumps
+from ..message import Message, MessageEvent, dumps
 from ..seams import websocket_frame
 
 POSITION_EVENT: Final = "__position"
@@ -22,16 +22,17 @@ class Codec(Protocol):
     """How one wire protocol frames what the core writes: a message at a position (once per
     message, whatever the number of connections), alerts, ``__gap`` and ``__position``."""
 
-    name: str
+    name: str  # one per encoding (what delivery caches a message's bytes under)
+    protocol: str  # the wire protocol, as metrics label it: socketio, sse, flywheel
     positioned: bool  # its connections are told positions (recovery, __gap, __position)
     reauthenticates: bool  # its clients can authenticate again (4100 before 4003 at expiry)
 
-    def message(self, message: Message, position: str) -> Encoded:
+    def message(self, event: MessageEvent, position: str) -> Encoded:
         """A delivered message: its packet and the exact bytes written to a transport."""
         ...
 
-    def replayed(self, message: Message, position: str) -> bytes:
-        """A message replayed by a recovery, as a packet."""
+    def replayed(self, event: MessageEvent, position: str) -> bytes:
+        """A message replayed (by a recovery, or from its topic's history), as a packet."""
         ...
 
     def frame(self, packet: bytes) -> bytes:
@@ -39,9 +40,16 @@ class Codec(Protocol):
         ...
 
     def alert(
-        self, code: Code, text: str, *, fatal: bool = True, reconnect: str | None = None
+        self,
+        code: Code,
+        text: str,
+        *,
+        fatal: bool = True,
+        reconnect: str | None = None,
+        session: str | None = None,
     ) -> bytes:
-        """An alert packet: ``code`` and why."""
+        """An alert packet: ``code`` and why (``session``: the connection's, where the protocol
+        addresses alerts to it)."""
         ...
 
     def gateway_event(self, name: str, meta: dict[str, Any]) -> bytes:
@@ -52,30 +60,90 @@ class Codec(Protocol):
 class SocketIO:
     """Socket.IO EVENTs on ``/``, written to a websocket as Engine.IO MESSAGE frames."""
 
-    __slots__ = ("name", "positioned", "proto", "reauthenticates")
+    __slots__ = ("name", "positioned", "proto", "protocol", "reauthenticates")
 
     def __init__(self, proto: int) -> None:
         self.proto = proto
+        self.protocol = "socketio"
         self.name = f"socketio{proto}"
         self.positioned = self.reauthenticates = proto == 2
 
-    def message(self, message: Message, position: str) -> Encoded:
-        packet = positioned_event(message, position) if self.positioned else event(message)
+    def message(self, event: MessageEvent, position: str) -> Encoded:
+        if self.positioned:
+            packet = positioned_event(event.message, position, sequence=event.sequence)
+        else:
+            packet = plain_event(event.message)
         return packet, websocket_frame(b"4" + packet)
 
-    def replayed(self, message: Message, position: str) -> bytes:
-        return positioned_event(message, position, replayed=True)
+    def replayed(self, event: MessageEvent, position: str) -> bytes:
+        return positioned_event(event.message, position, replayed=True, sequence=event.sequence)
 
     def frame(self, packet: bytes) -> bytes:
         return websocket_frame(b"4" + packet)  # an Engine.IO MESSAGE
 
     def alert(
-        self, code: Code, text: str, *, fatal: bool = True, reconnect: str | None = None
+        self,
+        code: Code,
+        text: str,
+        *,
+        fatal: bool = True,
+        reconnect: str | None = None,
+        session: str | None = None,
     ) -> bytes:
         return alert(self.proto, code, text, fatal=fatal, reconnect=reconnect)
 
     def gateway_event(self, name: str, meta: dict[str, Any]) -> bytes:
         return gateway_event(name, meta)
+
+
+class FramedCodec:
+    """The codec of a protocol served on a plain WebSocket (Flywheel, Gobbler): its packets are
+    whole frames, no positions, and a fatal alert is the close frame its endpoint sends with
+    the code (``Connection.farewell``). Subclasses frame a message and a non-fatal notice."""
+
+    __slots__ = ("name", "positioned", "protocol", "reauthenticates")
+
+    def __init__(self, protocol: str, *, reauthenticates: bool) -> None:
+        self.name = self.protocol = protocol
+        self.positioned = False
+        self.reauthenticates = reauthenticates
+
+    def message(self, event: MessageEvent, position: str) -> Encoded:
+        frame = self.replayed(event, position)
+        return frame, frame
+
+    def replayed(self, event: MessageEvent, position: str) -> bytes:
+        raise NotImplementedError
+
+    def frame(self, packet: bytes) -> bytes:
+        return packet
+
+    def alert(
+        self,
+        code: Code,
+        text: str,
+        *,
+        fatal: bool = True,
+        reconnect: str | None = None,
+        session: str | None = None,
+    ) -> bytes:
+        return b"" if fatal else self.notice(code, text, session)
+
+    def notice(self, code: Code, text: str, session: str | None) -> bytes:
+        """A non-fatal alert (4100), in the protocol's own words."""
+        raise NotImplementedError
+
+    def gateway_event(self, name: str, meta: dict[str, Any]) -> bytes:
+        return b""  # no positions in these protocols
+
+
+def text_body(message: Message) -> bytes:
+    """A message's body as text protocols carry it: a string as it is, another payload as its
+    JSON, nothing without a payload."""
+    payload = message.payload
+    if isinstance(payload, str):
+        return payload.encode()
+    return dumps(payload) if message.has_payload else b""
 
 
 PROTOCOL_1: Final = SocketIO(1)
@@ -86,15 +154,21 @@ def socketio_codec(proto: int) -> SocketIO:
     return PROTOCOL_2 if proto == 2 else PROTOCOL_1
 
 
-def event(message: Message) -> bytes:
+def plain_event(message: Message) -> bytes:
     """A protocol-1 EVENT on ``/``: ``[name]`` or ``[name, payload]``."""
     data = [message.name, message.payload] if message.has_payload else [message.name]
     return b"2" + dumps(data)
 
 
-def positioned_event(message: Message, position: str, *, replayed: bool = False) -> bytes:
-    """A protocol-2 EVENT: always ``[name, payload, meta]``."""
-    meta: dict[str, Any] = {"position": position}
+def positioned_event(
+    message: Message, position: str, *, replayed: bool = False, sequence: int | None = None
+) -> bytes:
+    """A protocol-2 EVENT: always ``[name, payload, meta]``; ``meta.sequence`` for a message
+    kept in its topic's history. A topic replay's events have no position (``""``): the
+    client's recovery point must not move back."""
+    meta: dict[str, Any] = {"position": position} if position else {}
+    if sequence is not None:
+        meta["sequence"] = sequence
     if replayed:
         meta["replayed"] = True
     return b"2" + dumps([message.name, message.payload, meta])

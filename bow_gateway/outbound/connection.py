@@ -1,4 +1,4 @@
-"""One Socket.IO connection's state, whatever protocol it speaks, and the outbound's settings."""
+"""One connection's state, whatever protocol it speaks, and the outbound's settings."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ class Settings:
     max_sockets_per_id: int = 100
     max_authenticates_per_minute: int = 12
     max_filters: int = 100
+    max_publishes_per_second: int = 100
     recovery_enabled: bool = True
     max_replay: int = 1_000
     position_interval: float = 30.0
@@ -50,13 +51,16 @@ class Connection:
         "eio_sid",
         "ended",
         "exp",
+        "farewell",
         "key",
         "listener_id",
         "lock",
         "outbound",
         "positioned_at",
         "proto",
+        "publishes",
         "replaying",
+        "session",
         "sid",
         "socket",
         "timer",
@@ -98,8 +102,14 @@ class Connection:
         self.backlog: deque[bytes] | None = None
         self.backlog_bytes = 0
         self.replaying = 0  # how many of the first packets of the backlog are the replay's
-        # An SSE stream's: done when the gateway ends it (or its client went)
+        # An SSE stream's or a plain websocket's: done when the gateway ends it (or its client
+        # went); its handler then closes it with ``farewell``, the code and why
         self.ended: asyncio.Future[None] | None = None
+        self.farewell: tuple[int, str] | None = None
+        # The client's own name for the connection: Flywheel's sessionId ($remote/{it}/rx),
+        # Gobbler's applicationId
+        self.session: str | None = None
+        self.publishes: TokenBucket | None = None  # a client that publishes: its rate
 
     @property
     def authenticated(self) -> bool:

@@ -11,10 +11,21 @@ import asyncio
 import time
 from typing import Any, Final
 
+from prometheus_client import Counter
+
 from .. import codes
 from ..criteria import ID_KEY, ListenerId
 from ..index import Query
-from ..message import DISCONNECT, CriteriaEvent, Event, KickEvent, MessageEvent, SetCriteriaEvent
+from ..message import (
+    DISCONNECT,
+    CriteriaEvent,
+    Event,
+    KickEvent,
+    MessageEvent,
+    SetCriteriaEvent,
+    session_of,
+)
+from ..topics import is_system_name
 from . import codec
 from .codec import Codec, Encoded
 from .connection import Connection, logger
@@ -28,6 +39,7 @@ class Delivery:
 
     def __init__(self, outbound: Sockets) -> None:
         self._outbound = outbound
+        self._delivered: dict[str, Counter] = {}  # bow_deliveries_total, by protocol
 
     async def deliver(self, position: str, event: Event) -> None:
         """Apply one backplane event, read at ``position``: a message, or a control change."""
@@ -84,7 +96,9 @@ class Delivery:
             return
         message = event.message
         topics = self._outbound.topics[event.middleware_version]
-        if topics.holders and message.name != DISCONNECT:  # only once a socket holds a filter
+        if is_system_name(message.name):  # $remote/{sessionId}/rx/...: that session alone
+            connections = connections & self._outbound.sessions.get(session_of(message.name), set())
+        elif topics.holders and message.name != DISCONNECT:  # once a socket holds a filter
             connections = topics.narrow(connections, message.name)
         if message.name == DISCONNECT:
             for connection in connections:
@@ -107,17 +121,19 @@ class Delivery:
         encoded = frame = b""
         write = self._outbound.writer.write
         written = 0
+        counts: dict[str, int] = {}
         now = time.monotonic()
         for connection in connections:
             connection_codec = connection.codec
             if connection_codec is not last:
+                if last is not None:
+                    counts[last.protocol] = counts.get(last.protocol, 0) + written
+                    written = 0
                 last = connection_codec
                 positioned = connection_codec.positioned
                 cached = encodings.get(connection_codec)
                 if cached is None:
-                    cached = encodings[connection_codec] = connection_codec.message(
-                        message, position
-                    )
+                    cached = encodings[connection_codec] = connection_codec.message(event, position)
                 encoded, frame = cached
             if positioned:
                 connection.positioned_at = now
@@ -126,7 +142,15 @@ class Delivery:
             written += 1
             if written % YIELD_EVERY == 0:
                 await asyncio.sleep(0)
-        self._outbound.metrics.deliveries.inc(written)
+        if last is not None:
+            counts[last.protocol] = counts.get(last.protocol, 0) + written
+        for protocol, count in counts.items():
+            counter = self._delivered.get(protocol)
+            if counter is None:
+                counter = self._delivered[protocol] = self._outbound.metrics.deliveries.labels(
+                    protocol
+                )
+            counter.inc(count)
 
     def gap(self, position: str, reason: str) -> None:
         """The history broke: every protocol-2 socket gets ``__gap``; protocol 1 cannot be told."""

@@ -71,6 +71,7 @@ class Expiry:
                 codes.REFRESH_REQUIRED,
                 f"the token expires: authenticate again within {grace:g} s",
                 fatal=False,
+                session=connection.session,
             ),
         )
         loop = asyncio.get_running_loop()

@@ -22,6 +22,7 @@ class Sockets(Protocol):
     """What the parts need of the outbound (:class:`~.sockets.SocketOutbound`)."""
 
     connections: dict[str, Connection]
+    sessions: dict[str, set[Connection]]
     deadlines: dict[str, asyncio.TimerHandle]
     indices: Mapping[str, CriteriaIndex[Connection]]
     topics: dict[str, TopicIndex[Connection]]

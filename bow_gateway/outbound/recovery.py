@@ -80,5 +80,5 @@ def _packet(kept: Kept, codec: Codec) -> bytes:
     packet = packets.get(codec.name)
     if packet is None:
         assert kept.message is not None
-        packet = packets[codec.name] = codec.replayed(kept.message.message, kept.position)
+        packet = packets[codec.name] = codec.replayed(kept.message, kept.position)
     return packet

@@ -31,7 +31,10 @@ from ..topics import TopicIndex
 from .authentication import Authenticator
 from .connection import Connection, Settings, logger
 from .delivery import Delivery
+from .publishing import ClientPublish
+from .replays import Replays
 from .subscriptions import subscribe
+from .topic_replay import TopicHistory
 from .writer import Writer
 
 DEFAULT_SETTINGS: Final = Settings()
@@ -64,6 +67,8 @@ class SocketOutbound:
         transports: list[str] | None = None,
         cors_origins: list[str] | None = None,
         metrics: Metrics | None = None,
+        client_publish: ClientPublish | None = None,
+        topic_history: TopicHistory | None = None,
     ) -> None:
         self._outbounds = outbounds
         self.middlewares = middlewares
@@ -78,6 +83,10 @@ class SocketOutbound:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.connections: dict[str, Connection] = {}
+        # Flywheel connections by sessionId: what $remote/{sessionId}/rx/... reaches
+        self.sessions: dict[str, set[Connection]] = {}
+        self.client_publish = client_publish
+        self.topic_history = topic_history
         self.positioned: set[Connection] = set()  # authenticated protocol-2 connections
         self.connects = 0  # Socket.IO connections accepted so far
         self.open_connections = 0  # Engine.IO connections open, authenticated or not
@@ -97,6 +106,7 @@ class SocketOutbound:
         self.writer = Writer(self._too_slow, max_buffered_bytes=settings.max_buffered_bytes)
         self.authenticator = Authenticator(self, claim=claim, release=release)
         self.delivery = Delivery(self)
+        self.replays = Replays(self, topic_history)
 
     @property
     def outbounds(self) -> Mapping[str, OutboundPlugin]:
@@ -151,7 +161,7 @@ class SocketOutbound:
         )
         self.connections[sid] = connection
         self.connects += 1
-        self.metrics.sockets_connected.labels(outbound.version).inc()
+        self.metrics.sockets_connected.labels(outbound.version, connection.codec.protocol).inc()
         logger.info(
             "socket %s connected to outbound %s (protocol %s) from %s",
             sid,
@@ -174,7 +184,7 @@ class SocketOutbound:
         if connection is None:
             return
         version = connection.outbound.version
-        self.metrics.sockets_connected.labels(version).dec()
+        self.metrics.sockets_connected.labels(version, connection.codec.protocol).dec()
         self.authenticator.forget(connection)
         self.topics[connection.outbound.middleware_version].discard(connection)
         why = connection.closing or str(reason or "transport close")
@@ -190,7 +200,9 @@ class SocketOutbound:
         """Take an authenticated connection out of its index (it stays connected)."""
         if connection.key is None:
             return
-        self.metrics.sockets_authenticated.labels(connection.outbound.version).dec()
+        self.metrics.sockets_authenticated.labels(
+            connection.outbound.version, connection.codec.protocol
+        ).dec()
         self.indices[connection.outbound.middleware_version].remove(connection, connection.key)
         self.positioned.discard(connection)
         connection.key = None
@@ -199,7 +211,9 @@ class SocketOutbound:
         """Hold an authenticated connection in its index under ``key``."""
         self.indices[connection.outbound.middleware_version].add(connection, key, criteria)
         connection.key = key
-        self.metrics.sockets_authenticated.labels(connection.outbound.version).inc()
+        self.metrics.sockets_authenticated.labels(
+            connection.outbound.version, connection.codec.protocol
+        ).inc()
         if connection.codec.positioned:
             self.positioned.add(connection)
             connection.positioned_at = time.monotonic()
@@ -245,6 +259,7 @@ class SocketOutbound:
         if connection.closing is not None:
             return
         connection.closing = kind or code.reason  # now: later deliveries and alerts skip it
+        connection.farewell = (code.code, text)
         self.metrics.limit_hits.labels(str(code.code)).inc()
         logger.info("closing socket %s: %s: %s", connection.sid, code.reason, text)
         connection.backlog = None  # what waits behind a replay is dropped with the socket
@@ -255,7 +270,7 @@ class SocketOutbound:
         """Disconnect a socket just alerted; one whose client does not take what it was sent
         within :data:`DROP_AFTER` is cut off, its queue dropped (nothing else waits for it)."""
         await asyncio.sleep(CLOSE_AFTER)  # a long-polling client fetches the alert meanwhile
-        if connection.ended is not None:  # an SSE stream: its handler ends it
+        if connection.ended is not None:  # SSE, Flywheel: its handler ends it
             if not connection.ended.done():
                 connection.ended.set_result(None)
         else:
@@ -299,6 +314,12 @@ class SocketOutbound:
         if connection is not None:
             subscribe(self, connection, args, ack_id)
 
+    async def replay(self, sid: str, args: list[Any], ack_id: Any) -> None:
+        """A ``replay`` event (:mod:`.replays`)."""
+        connection = self.connections.get(sid)
+        if connection is not None:
+            await self.replays.replay(connection, args, ack_id)
+
     async def refresh(
         self, middleware_version: str, listener_ids: list[ListenerId] | None = None
     ) -> int:
@@ -320,6 +341,7 @@ class SocketOutbound:
         for connection in list(self.connections.values()):
             if connection.closing is None:
                 connection.closing = "shutdown"
+                connection.farewell = (codes.SHUTDOWN.code, "this instance is stopping")
             if connection.codec.positioned:  # protocol 1 sees a clean close, as in Bow
                 self.writer.write_alert(
                     connection, connection.codec.alert(codes.SHUTDOWN, "this instance is stopping")
@@ -332,7 +354,7 @@ class SocketOutbound:
             await asyncio.sleep(CLOSE_AFTER)  # long-polling clients fetch their alert meanwhile
         for connection in list(self.connections.values()):
             if connection.ended is not None and not connection.ended.done():
-                connection.ended.set_result(None)  # an SSE stream: its handler ends it
+                connection.ended.set_result(None)  # SSE, Flywheel: their handlers end them
         for eio_sid in list(self.sio.eio.sockets):
             await self.close_transport(eio_sid, abort=True)
         await self.sio.shutdown()  # engineio's ping-check task, which would outlive the gateway

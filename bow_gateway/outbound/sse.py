@@ -21,10 +21,11 @@ from aiohttp.http import HttpVersion11
 from .. import codes
 from ..codes import Code
 from ..http_server import HandshakeLimits
-from ..message import Message, dumps
+from ..message import MessageEvent, dumps
 from ..topics import parse_filter
 from .codec import GAP_EVENT, Encoded
 from .connection import Connection, logger
+from .endpoints import bearer_token, let_go, pick_version, refusal, take_in
 from .expiry import Refusal
 from .recovery import ack_result
 
@@ -40,19 +41,21 @@ class SseCodec:
     """``text/event-stream`` events; ``chunked``: each framed as one HTTP/1.1 chunk, since the
     bytes go to the transport around aiohttp's writer (framed once per message, not per stream)."""
 
-    __slots__ = ("chunked", "name", "positioned", "reauthenticates")
+    __slots__ = ("chunked", "name", "positioned", "protocol", "reauthenticates")
 
     def __init__(self, *, chunked: bool) -> None:
         self.chunked = chunked
+        self.protocol = "sse"
         self.name = "sse-chunked" if chunked else "sse"
         self.positioned = True
         self.reauthenticates = False
 
-    def message(self, message: Message, position: str) -> Encoded:
-        packet = self.replayed(message, position)
+    def message(self, event: MessageEvent, position: str) -> Encoded:
+        packet = self.replayed(event, position)
         return packet, self.frame(packet)
 
-    def replayed(self, message: Message, position: str) -> bytes:
+    def replayed(self, event: MessageEvent, position: str) -> bytes:
+        message = event.message
         return b"id: %s\nevent: %s\ndata: %s\n\n" % (
             position.encode(),
             _field(message.name),
@@ -65,7 +68,13 @@ class SseCodec:
         return b"%x\r\n%s\r\n" % (len(packet), packet)
 
     def alert(
-        self, code: Code, text: str, *, fatal: bool = True, reconnect: str | None = None
+        self,
+        code: Code,
+        text: str,
+        *,
+        fatal: bool = True,
+        reconnect: str | None = None,
+        session: str | None = None,
     ) -> bytes:
         data = {"code": code.code, "reason": code.reason, "text": text}
         return b"event: alert\ndata: " + dumps(data) + b"\n\n"
@@ -113,19 +122,9 @@ class SseEndpoint:
         why = self._limits.refusal()
         if why is not None:
             return _refusal(codes.TOO_MANY_REQUESTS, 503, why, cors, {hdrs.RETRY_AFTER: "1"})
-        plugins = outbound.outbounds
-        asked = request.query.get("v")
-        if asked is None and len(plugins) == 1:
-            plugin = next(iter(plugins.values()))
-        elif not asked:
-            return _refusal(codes.UNKNOWN_VERSION, 404, "no outbound version: ask with ?v=", cors)
-        else:
-            found = plugins.get(asked.removeprefix("v"))
-            if found is None:
-                known = ", ".join(sorted(p.version for p in plugins.values())) or "none"
-                text = f"unknown outbound version {asked[:64]!r}: this gateway serves {known}"
-                return _refusal(codes.UNKNOWN_VERSION, 404, text, cors)
-            plugin = found
+        plugin, why = pick_version(outbound, request)
+        if plugin is None:
+            return _refusal(codes.UNKNOWN_VERSION, 404, why, cors)
         filters = request.query.getall("topic", [])
         try:
             for text in filters:
@@ -135,7 +134,7 @@ class SseEndpoint:
         if len(set(filters)) > outbound.settings.max_filters:
             text = f"at most {outbound.settings.max_filters} topic filters (outbound.max_filters)"
             return _refusal(codes.BAD_REQUEST, 400, text, cors)
-        token = _token(request)
+        token = bearer_token(request)
         if token is None and plugin.anonymous_criteria is None:
             text = "no token: send Authorization: Bearer or the token query parameter"
             return _refusal(codes.AUTH_REFUSED, 401, text, cors)
@@ -148,10 +147,7 @@ class SseEndpoint:
         ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         connection.ended = ended
         connection.backlog = deque()  # what is delivered before the stream starts waits
-        outbound.connections[sid] = connection
-        outbound.open_connections += 1
-        outbound.metrics.connections_open.inc()
-        outbound.metrics.sockets_connected.labels(plugin.version).inc()
+        take_in(outbound, connection)
         try:
             return await self._serve(request, connection, ended, token, filters, since, cors)
         finally:
@@ -244,22 +240,8 @@ class SseEndpoint:
 
     def _forget(self, connection: Connection) -> None:
         """The stream ended (the gateway closed it, or its client went): as a disconnect."""
-        outbound = self._outbound
         self._streams.discard(connection)
-        if outbound.connections.pop(connection.sid, None) is None:
-            return
-        outbound.open_connections -= 1
-        outbound.metrics.connections_open.dec()
-        outbound.metrics.sockets_connected.labels(connection.outbound.version).dec()
-        outbound.authenticator.forget(connection)
-        outbound.topics[connection.outbound.middleware_version].discard(connection)
-        why = connection.closing or "client gone"
-        connection.closing = why
-        connection.backlog = None
-        outbound.metrics.disconnects.labels(why).inc()
-        logger.info("SSE stream %s ended: %s", connection.sid, why)
-        if connection.ended is not None and not connection.ended.done():
-            connection.ended.set_result(None)
+        let_go(self._outbound, connection)
 
     async def _sweep(self) -> None:
         """Forever, while streams are open: end those whose client went (each second), and
@@ -299,15 +281,6 @@ class SseEndpoint:
         return {}
 
 
-def _token(request: web.Request) -> str | None:
-    """The bearer token of the ``Authorization`` header, else the ``token`` query parameter."""
-    header = request.headers.get(hdrs.AUTHORIZATION, "")
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
-    return request.query.get("token") or None
-
-
 def _refusal(
     code: Code,
     status: int,
@@ -317,6 +290,4 @@ def _refusal(
 ) -> web.Response:
     """A refusal before the stream: ``{"code", "reason", "reconnect"}`` (and why, as text)."""
     logger.info("refusing an SSE stream: %s", text)
-    return web.json_response(
-        {**code.data(), "text": text}, status=status, headers={**cors, **(headers or {})}
-    )
+    return refusal(code, status, text, {**cors, **(headers or {})})

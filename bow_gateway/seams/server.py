@@ -36,6 +36,8 @@ class ServerHooks(Protocol):
 
     def subscribe(self, sid: str, args: list[Any], ack_id: Any) -> None: ...
 
+    async def replay(self, sid: str, args: list[Any], ack_id: Any) -> None: ...
+
     def opened(self, eio_sid: str) -> None: ...
 
     def closed(self, eio_sid: str) -> None: ...
@@ -82,6 +84,11 @@ class Server(socketio.AsyncServer):  # type: ignore[misc]
             sid = self.manager.sid_from_eio_sid(eio_sid, namespace or "/")
             if sid is not None and self.manager.is_connected(sid, namespace or "/"):
                 self._hooks.subscribe(sid, data[1:], id)
+            return
+        if data[0] == "replay":
+            sid = self.manager.sid_from_eio_sid(eio_sid, namespace or "/")
+            if sid is not None and self.manager.is_connected(sid, namespace or "/"):
+                self._hooks.spawn(self._hooks.replay(sid, data[1:], id))
             return
         # Any other event from a client is ignored: clients only listen.
 

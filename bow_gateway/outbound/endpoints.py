@@ -1,0 +1,107 @@
+"""What the endpoints of the protocols aiohttp serves directly (SSE, Flywheel, Gobbler) share:
+the version a client asks for, its token, taking a connection into the outbound's core and out
+of it, and closing a plain WebSocket with a code of section 10."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from aiohttp import hdrs, web
+
+from .. import codes
+from ..codes import Code
+from ..plugins import OutboundPlugin
+from .connection import Connection, logger
+
+if TYPE_CHECKING:
+    from .sockets import SocketOutbound
+
+MAX_CLOSE_REASON: Final = 123  # bytes of a close frame's reason (RFC 6455 5.5)
+
+
+def pick_version(
+    outbound: SocketOutbound, request: web.Request
+) -> tuple[OutboundPlugin | None, str]:
+    """The outbound the query's ``v`` names (optional when only one is served), or None and
+    why not."""
+    plugins = outbound.outbounds
+    asked = request.query.get("v")
+    if asked is None and len(plugins) == 1:
+        return next(iter(plugins.values())), ""
+    if not asked:
+        return None, "no outbound version: ask with ?v="
+    found = plugins.get(asked.removeprefix("v"))
+    if found is None:
+        known = ", ".join(sorted(p.version for p in plugins.values())) or "none"
+        return None, f"unknown outbound version {asked[:64]!r}: this gateway serves {known}"
+    return found, ""
+
+
+def bearer_token(request: web.Request) -> str | None:
+    """The bearer token of the ``Authorization`` header, else the ``token`` query parameter
+    (for ``EventSource`` and browsers' ``WebSocket``, which cannot set headers)."""
+    header = request.headers.get(hdrs.AUTHORIZATION, "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.query.get("token") or None
+
+
+def refusal(
+    code: Code, status: int, text: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    """A refusal before a stream or an upgrade: ``{"code", "reason", "reconnect", "text"}``."""
+    return web.json_response({**code.data(), "text": text}, status=status, headers=headers)
+
+
+def too_busy(text: str, headers: dict[str, str] | None = None) -> web.Response:
+    """``503`` with ``Retry-After`` at a handshake limit."""
+    return refusal(codes.TOO_MANY_REQUESTS, 503, text, {**(headers or {}), hdrs.RETRY_AFTER: "1"})
+
+
+def take_in(outbound: SocketOutbound, connection: Connection) -> None:
+    """Count a new connection as open, and let its outbound's topic index hold it."""
+    outbound.connections[connection.sid] = connection
+    outbound.open_connections += 1
+    outbound.metrics.connections_open.inc()
+    outbound.metrics.sockets_connected.labels(
+        connection.outbound.version, connection.codec.protocol
+    ).inc()
+
+
+def let_go(outbound: SocketOutbound, connection: Connection) -> bool:
+    """The connection ended (the gateway closed it, or its client went): as a disconnect, once;
+    False if it was let go already."""
+    if outbound.connections.pop(connection.sid, None) is None:
+        return False
+    outbound.open_connections -= 1
+    outbound.metrics.connections_open.dec()
+    outbound.metrics.sockets_connected.labels(
+        connection.outbound.version, connection.codec.protocol
+    ).dec()
+    outbound.authenticator.forget(connection)
+    outbound.topics[connection.outbound.middleware_version].discard(connection)
+    why = connection.closing or "client gone"
+    connection.closing = why
+    connection.backlog = None
+    outbound.metrics.disconnects.labels(why).inc()
+    logger.info("%s connection %s ended: %s", connection.codec.protocol, connection.sid, why)
+    if connection.ended is not None and not connection.ended.done():
+        connection.ended.set_result(None)
+    return True
+
+
+async def close_websocket(websocket: web.WebSocketResponse, connection: Connection) -> None:
+    """Close a WebSocket the gateway ended, with its code and why (1000 when it has none)."""
+    code, text = connection.farewell or (1000, "")
+    await websocket.close(code=code, message=close_reason(text))
+
+
+def close_reason(text: str) -> bytes:
+    """A close frame's reason: at most 123 bytes of UTF-8, cut on a character boundary."""
+    return text.encode()[:MAX_CLOSE_REASON].decode(errors="ignore").encode()
+
+
+def not_an_upgrade(protocol: str) -> web.Response:
+    text = f"the {protocol} outbound takes a WebSocket upgrade (GET with Upgrade: websocket)"
+    return refusal(codes.BAD_REQUEST, 400, text)

@@ -1,0 +1,265 @@
+"""The Flywheel WebSocket outbound (``clients.md`` section 12): ``GET {outbound.flywheel_path}``.
+
+Flywheel's text protocol over a plain WebSocket: ``B {json}`` binds (authenticates, subscribes),
+``P {topic} {body}`` publishes, ``R {topic} {body}`` receives. A connection is a
+:class:`~.connection.Connection` of the :class:`FlywheelCodec`, held in the index like any other
+(criteria, the per-id limit, kicks, counts, expiry), strictly subscribed: it receives only names
+its filters match, and ``$remote/{sessionId}/rx/...`` without a filter. Delivery frames a message
+once for every Flywheel connection and writes the same bytes to each transport; what the client
+sends is read through aiohttp's :class:`~aiohttp.web.WebSocketResponse`, which also closes the
+connection with the codes of section 10.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import TYPE_CHECKING, Final
+
+from aiohttp import WSMsgType, web
+
+from .. import codes
+from ..codes import Code
+from ..http_server import HandshakeLimits
+from ..message import MessageEvent, dumps
+from ..ratelimit import TokenBucket
+from ..seams import websocket_frame
+from .codec import FramedCodec, text_body
+from .connection import Connection, logger
+from .endpoints import (
+    close_reason,
+    close_websocket,
+    let_go,
+    not_an_upgrade,
+    pick_version,
+    take_in,
+    too_busy,
+)
+from .flywheel_bind import Binder, error_frame
+from .publishing import PublishRefused
+
+if TYPE_CHECKING:
+    from .sockets import SocketOutbound
+
+PING_EVERY: Final = 25.0  # seconds between two pings to a connection
+PONG_WITHIN: Final = 20.0  # seconds a client has to answer a ping before it is cut off
+SWEEP: Final = 1.0  # seconds between two looks at the connections' pings
+CLOSE_WAIT: Final = 1.0  # seconds a closed connection's client has to answer the close
+PING_FRAME: Final = b"\x89\x00"
+
+
+class FlywheelCodec(FramedCodec):
+    """``R {name} {body}`` text frames (:func:`~.codec.text_body`); a non-fatal alert (4100) is
+    a direct message on ``$remote/{sessionId or anon}/rx/alerts``."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__("flywheel", reauthenticates=True)
+
+    def replayed(self, event: MessageEvent, position: str) -> bytes:
+        return receive_frame(event.message.name, text_body(event.message))
+
+    def notice(self, code: Code, text: str, session: str | None) -> bytes:
+        data = {"code": code.code, "reason": code.reason, "text": text}
+        return receive_frame(f"$remote/{session or 'anon'}/rx/alerts", dumps(data))
+
+
+FLYWHEEL: Final = FlywheelCodec()
+
+
+def receive_frame(topic: str, body: bytes) -> bytes:
+    return websocket_frame(b"R " + topic.encode() + b" " + body)
+
+
+class FlywheelEndpoint:
+    """The handler of ``GET {outbound.flywheel_path}`` for a :class:`~.sockets.SocketOutbound`."""
+
+    def __init__(
+        self,
+        outbound: SocketOutbound,
+        limits: HandshakeLimits,
+        *,
+        max_incoming_bytes: int = 16_384,
+        max_publishes_per_second: int = 100,
+    ) -> None:
+        self._outbound = outbound
+        self._limits = limits
+        self._max_incoming_bytes = max_incoming_bytes
+        self._max_publishes = max_publishes_per_second
+        self._binder = Binder(outbound)
+        # Each open connection's ping state: [when the next ping is due, when the unanswered
+        # one was sent (0: none)]
+        self._pings: dict[Connection, list[float]] = {}
+        self._sweeping = False
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        why = self._limits.refusal()
+        if why is not None:
+            return too_busy(why)
+        websocket = web.WebSocketResponse(
+            autoping=False,
+            compress=False,
+            max_msg_size=self._max_incoming_bytes,
+            timeout=CLOSE_WAIT,
+        )
+        if not websocket.can_prepare(request).ok:
+            return not_an_upgrade("Flywheel")
+        await websocket.prepare(request)
+        plugin, refusal = pick_version(self._outbound, request)
+        if plugin is None:
+            logger.info("refusing a Flywheel connection: %s", refusal)
+            await websocket.close(code=codes.UNKNOWN_VERSION.code, message=close_reason(refusal))
+            return websocket
+        outbound = self._outbound
+        sid = "fw-" + secrets.token_urlsafe(12)
+        connection = Connection(
+            sid,
+            sid,
+            plugin,
+            proto=2,
+            codec=FLYWHEEL,
+            authenticates_per_minute=outbound.settings.max_authenticates_per_minute,
+        )
+        connection.publishes = TokenBucket(self._max_publishes, self._max_publishes)
+        connection.transport = request.transport
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        connection.ended = ended
+        ended.add_done_callback(lambda _: outbound.spawn(close_websocket(websocket, connection)))
+        self._open(connection)
+        try:
+            await self._read(websocket, connection)
+        finally:
+            self._forget(connection)
+        return websocket
+
+    def _open(self, connection: Connection) -> None:
+        outbound = self._outbound
+        take_in(outbound, connection)
+        outbound.topics[connection.outbound.middleware_version].hold_strictly(connection)
+        if connection.transport is not None:
+            outbound.writer.bound_kernel_buffer(connection.transport)
+        loop = asyncio.get_running_loop()
+        timeout = outbound.settings.auth_timeout
+        outbound.deadlines[connection.eio_sid] = loop.call_later(timeout, self._expire, connection)
+        self._pings[connection] = [loop.time() + PING_EVERY, 0.0]
+        if not self._sweeping:
+            self._sweeping = True
+            outbound.spawn(self._sweep())
+        logger.info("Flywheel connection %s opened", connection.sid)
+
+    async def _read(self, websocket: web.WebSocketResponse, connection: Connection) -> None:
+        """Every frame the client sends, in order, until the connection closes."""
+        while True:
+            received = await websocket.receive()
+            kind = received.type
+            if connection.closing is not None:
+                if kind in (WSMsgType.TEXT, WSMsgType.BINARY, WSMsgType.PING, WSMsgType.PONG):
+                    continue  # closing: nothing it sends counts any more
+                return
+            if kind is WSMsgType.TEXT:
+                await self._frame(connection, received.data)
+            elif kind is WSMsgType.PING:
+                await websocket.pong(received.data)
+            elif kind is WSMsgType.PONG:
+                pings = self._pings.get(connection)
+                if pings is not None:
+                    pings[0] = asyncio.get_running_loop().time() + PING_EVERY
+                    pings[1] = 0.0
+            elif kind is WSMsgType.BINARY:
+                self._outbound.close(
+                    connection,
+                    codes.BAD_REQUEST,
+                    "binary frames are not supported: Flywheel's text frames only",
+                    kind="malformed",
+                )
+            else:  # CLOSE, CLOSING, CLOSED, ERROR (a frame over max_incoming_bytes...)
+                return
+
+    async def _frame(self, connection: Connection, text: str) -> None:
+        kind, space, rest = text[:1], text[1:2], text[2:]
+        if space != " " or kind not in ("B", "P"):
+            self._outbound.close(
+                connection,
+                codes.BAD_REQUEST,
+                "a frame is 'B {json}' or 'P {topic} {body}'",
+                kind="malformed",
+            )
+        elif kind == "B":
+            await self._binder.bind(connection, rest)
+        else:
+            await self._publish(connection, rest)
+
+    async def _publish(self, connection: Connection, text: str) -> None:
+        """``P {topic} {body}``: through the outbound's ``create_message_from_publish``; a
+        refusal is told on ``$remote/{sessionId or anon}/rx/errors``."""
+        outbound = self._outbound
+        topic, _, body = text.partition(" ")
+        bucket = connection.publishes
+        if bucket is not None and not bucket.take():
+            why = (
+                f"over {self._max_publishes} publishes a second (outbound.max_publishes_per_second)"
+            )
+        elif not connection.authenticated:
+            why = "bind first: with auth, or anonymously where the outbound allows it"
+        elif outbound.client_publish is None:
+            why = "this gateway takes no publish from clients"
+        else:
+            details = connection.details if connection.listener_id is not None else None
+            try:
+                await outbound.client_publish(connection.outbound, details, topic, body)
+            except PublishRefused as error:
+                why = str(error)
+            else:
+                outbound.metrics.client_publishes.labels("flywheel", "accepted").inc()
+                return
+        outbound.metrics.client_publishes.labels("flywheel", "refused").inc()
+        logger.info("Flywheel connection %s: publish refused: %s", connection.sid, why)
+        outbound.writer.write(connection, error_frame(connection, why, topic))
+
+    def _expire(self, connection: Connection) -> None:
+        """Not bound as a listener within ``outbound.timeout``: 4001."""
+        self._outbound.deadlines.pop(connection.eio_sid, None)
+        if not connection.authenticated and connection.closing is None:
+            timeout = self._outbound.settings.auth_timeout
+            self._outbound.metrics.authentications.labels(
+                connection.outbound.version, "timeout"
+            ).inc()
+            self._outbound.close(
+                connection,
+                codes.AUTH_TIMEOUT,
+                f"not bound within {timeout:g} s of connecting",
+                kind="timeout",
+            )
+
+    def _forget(self, connection: Connection) -> None:
+        """The connection ended (the gateway closed it, or its client went): as a disconnect."""
+        outbound = self._outbound
+        self._pings.pop(connection, None)
+        deadline = outbound.deadlines.pop(connection.eio_sid, None)
+        if deadline is not None:
+            deadline.cancel()
+        self._binder.leave_session(connection)
+        let_go(outbound, connection)
+
+    async def _sweep(self) -> None:
+        """While connections are open: ping each every :data:`PING_EVERY` seconds, and cut off
+        one that has not answered within :data:`PONG_WITHIN`."""
+        try:
+            loop = asyncio.get_running_loop()
+            while self._pings:
+                await asyncio.sleep(SWEEP)
+                now = loop.time()
+                for connection, pings in list(self._pings.items()):
+                    transport = connection.transport
+                    if transport is None or transport.is_closing():
+                        continue
+                    if pings[1] and now - pings[1] > PONG_WITHIN:
+                        logger.info("Flywheel connection %s: no pong: cut off", connection.sid)
+                        connection.closing = connection.closing or "ping timeout"
+                        transport.abort()
+                    elif not pings[1] and now >= pings[0]:
+                        pings[1] = now
+                        transport.write(PING_FRAME)
+        finally:
+            self._sweeping = False

@@ -1,0 +1,181 @@
+"""The Gobbler WebSocket outbound (``clients.md`` section 14): ``GET {outbound.gobbler_path}``.
+
+Gobbler's text protocol over a plain WebSocket (``seeds/gobbler.md``): ``+ path [start [count]]``
+subscribes and/or replays a topic's history, ``- path`` cancels, ``> path [id]`` publishes; the
+gateway answers with status messages (``#ok-connected``, ``#send``, ``#fetch-start``, ...) and
+writes messages in Gobbler's format. The token comes as for SSE (``Authorization: Bearer`` or the
+``token`` query parameter, never logged); a connection is held in the index like any other,
+strictly subscribed (a Gobbler connection receives only the paths it subscribed to, subtopics
+included). Commands run one at a time, in order (:mod:`.gobbler_commands`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from typing import TYPE_CHECKING, Final
+
+from aiohttp import WSMsgType, web
+
+from .. import codes
+from ..codes import Code
+from ..http_server import HandshakeLimits
+from ..message import MessageEvent, dumps
+from ..ratelimit import TokenBucket
+from ..seams import websocket_frame
+from .codec import FramedCodec, text_body
+from .connection import Connection, logger
+from .endpoints import (
+    bearer_token,
+    close_reason,
+    close_websocket,
+    let_go,
+    not_an_upgrade,
+    pick_version,
+    take_in,
+    too_busy,
+)
+from .expiry import Refusal
+from .gobbler_commands import Commands, status
+
+if TYPE_CHECKING:
+    from .sockets import SocketOutbound
+
+CLOSE_WAIT: Final = 1.0  # seconds a closed connection's client has to answer the close
+
+
+class GobblerCodec(FramedCodec):
+    """Gobbler's message format, one text frame per message::
+
+        {path},{sequenceId},{publisherUserId},{publisherApplicationId},{publisherMessageId},{time}
+        {headers JSON}
+        {body}
+
+    The sequence is the message's in its topic's history (0 when no ``[[history]]`` keeps it);
+    the body is :func:`~.codec.text_body`. The headers line is always there (``{}`` without
+    headers), so that a body starting with ``{`` is never taken for it. A non-fatal alert (4100)
+    is the status message ``!refresh-required``."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__("gobbler", reauthenticates=False)
+
+    def replayed(self, event: MessageEvent, position: str) -> bytes:
+        message = event.message
+        publication = message.publication
+        headers: dict[str, str] = {}
+        ids = ["", "", ""]
+        if publication is not None:
+            headers = publication.headers
+            ids = [
+                publication.user_id or "",
+                publication.application_id or "",
+                publication.message_id or "",
+            ]
+        head = ",".join([message.name, str(event.sequence or 0), *ids, str(int(event.accepted_at))])
+        body = text_body(message)
+        return websocket_frame(head.encode() + b"\n" + dumps(headers) + b"\n" + body)
+
+    def notice(self, code: Code, text: str, session: str | None) -> bytes:
+        return status("!" + code.reason.replace("_", "-"), text, {"code": code.code})
+
+
+GOBBLER: Final = GobblerCodec()
+
+
+class GobblerEndpoint:
+    """The handler of ``GET {outbound.gobbler_path}`` for a :class:`~.sockets.SocketOutbound`."""
+
+    def __init__(
+        self,
+        outbound: SocketOutbound,
+        limits: HandshakeLimits,
+        *,
+        max_incoming_bytes: int = 16_384,
+        max_publishes_per_second: int = 100,
+    ) -> None:
+        self._outbound = outbound
+        self._limits = limits
+        self._max_incoming_bytes = max_incoming_bytes
+        self._max_publishes = max_publishes_per_second
+        self._commands = Commands(outbound, max_publishes_per_second)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        why = self._limits.refusal()
+        if why is not None:
+            return too_busy(why)
+        websocket = web.WebSocketResponse(
+            autoping=True,
+            heartbeat=25.0,
+            compress=False,
+            max_msg_size=self._max_incoming_bytes,
+            timeout=CLOSE_WAIT,
+        )
+        if not websocket.can_prepare(request).ok:
+            return not_an_upgrade("Gobbler")
+        await websocket.prepare(request)
+        plugin, refusal = pick_version(self._outbound, request)
+        if plugin is None:
+            logger.info("refusing a Gobbler connection: %s", refusal)
+            await websocket.close(code=codes.UNKNOWN_VERSION.code, message=close_reason(refusal))
+            return websocket
+        outbound = self._outbound
+        sid = "gb-" + secrets.token_urlsafe(12)
+        connection = Connection(sid, sid, plugin, proto=2, codec=GOBBLER)
+        connection.publishes = TokenBucket(self._max_publishes, self._max_publishes)
+        connection.transport = request.transport
+        application = request.query.get("applicationId") or secrets.token_urlsafe(12)
+        connection.session = application[:64]  # Gobbler's publisherApplicationId
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        connection.ended = ended
+        ended.add_done_callback(lambda _: outbound.spawn(close_websocket(websocket, connection)))
+        take_in(outbound, connection)
+        outbound.topics[plugin.middleware_version].hold_strictly(connection)
+        if connection.transport is not None:
+            outbound.writer.bound_kernel_buffer(connection.transport)
+        try:
+            await self._authenticate(connection, bearer_token(request))
+            await self._read(websocket, connection)  # refused: until the close is answered
+        finally:
+            let_go(outbound, connection)
+        return websocket
+
+    async def _authenticate(self, connection: Connection, token: str | None) -> None:
+        """The handshake's token (none: anonymous, where the outbound allows it), then
+        ``#ok-connected``; a refusal closes with its code."""
+        outbound = self._outbound
+        if token is None and connection.outbound.anonymous_criteria is None:
+            text = "no token: send Authorization: Bearer or the token query parameter"
+            outbound.close(connection, codes.AUTH_REFUSED, text, kind="refused")
+            return
+        try:
+            if not await outbound.authenticator.admit(connection, token):
+                return
+        except Refusal as refusal:
+            outbound.close(connection, refusal.code, str(refusal), kind="refused")
+            return
+        user = "" if connection.listener_id is None else str(connection.listener_id)
+        hello = {"ApplicationId": connection.session, "UserId": user, "Time": str(int(time.time()))}
+        outbound.writer.write(
+            connection, status("#ok-connected", "You are connected to the server.", hello)
+        )
+
+    async def _read(self, websocket: web.WebSocketResponse, connection: Connection) -> None:
+        """Every command the client sends, one at a time, until the connection closes."""
+        while True:
+            received = await websocket.receive()
+            if received.type is WSMsgType.TEXT:
+                if connection.closing is None:
+                    await self._commands.run(connection, received.data)
+            elif received.type is WSMsgType.BINARY:
+                if connection.closing is None:
+                    self._outbound.close(
+                        connection,
+                        codes.BAD_REQUEST,
+                        "binary frames are not supported: Gobbler's text commands only",
+                        kind="malformed",
+                    )
+            else:  # CLOSE, CLOSING, CLOSED, ERROR (a frame over max_incoming_bytes...)
+                return

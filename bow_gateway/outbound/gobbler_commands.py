@@ -1,0 +1,251 @@
+"""The commands of Gobbler's WebSocket protocol (``seeds/gobbler.md``), one at a time:
+
+- ``+ path`` subscribes to ``path`` and its subtopics, live (``#subscribed-to path``);
+- ``+ path start`` replays ``path``'s history from ``start`` (a sequence; 0: the oldest kept; a
+  negative count: the last ones), ``#fetch-start path count`` to ``#fetch-done path``, and
+  subscribes, live from ``#fetch-done`` on: nothing missed between the two, nothing twice;
+- ``+ path start count`` replays at most ``count`` and stops (no subscription); ``start,count``
+  is read as ``start count``;
+- ``- path`` cancels the subscription (``#canceled path``);
+- ``> path [publisherMessageId]``, then optional header lines (one JSON object, or ``Name: value``
+  lines ended by an empty line) and the body: published through the outbound's
+  ``create_message_from_publish`` with Gobbler's fields (``#send id`` with the sequence, or
+  ``!error-send id why``).
+
+Anything else is ``!error-bad-request``. A replay is filtered by the connection's criteria of now
+and written as fast as the client reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+from ..message import dumps
+from ..seams import websocket_frame
+from ..topics import parse_filter
+from .connection import Connection, logger
+from .publishing import PublishRefused
+from .writer import REPLAY_LOW_WATER
+
+if TYPE_CHECKING:
+    from .sockets import SocketOutbound
+
+MAX_PATH: Final = 1_000  # characters of a path
+
+
+def status(kind: str, text: str = "", data: Any = None) -> bytes:
+    """A status message: ``#kind text`` (or ``!kind text``), then its JSON data if any."""
+    line = f"{kind} {text}" if text else kind
+    frame = line.encode() if data is None else line.encode() + b"\n" + dumps(data)
+    return websocket_frame(frame)
+
+
+class BadCommand(ValueError):
+    """A command refused as a whole: ``!error-bad-request`` says why."""
+
+
+class Commands:
+    """Runs the commands of Gobbler connections for a :class:`~.sockets.SocketOutbound`."""
+
+    def __init__(self, outbound: SocketOutbound, max_publishes_per_second: int = 100) -> None:
+        self._outbound = outbound
+        self._max_publishes = max_publishes_per_second
+
+    async def run(self, connection: Connection, text: str) -> None:
+        first, _, rest = text.partition("\n")
+        kind, _, arguments = first.partition(" ")
+        try:
+            if kind == "+":
+                await self._receive(connection, *_receive_arguments(arguments))
+            elif kind == "-":
+                self._cancel(connection, _path(arguments.strip()))
+            elif kind == ">":
+                path, _, message_id = arguments.strip().partition(" ")
+                await self._send(connection, _path(path), message_id.strip(), rest)
+            else:
+                raise BadCommand(f"unknown command {kind[:32]!r}")
+        except BadCommand as error:
+            logger.info("Gobbler connection %s: %s", connection.sid, error)
+            self._write(connection, status("!error-bad-request", str(error)))
+
+    def _write(self, connection: Connection, frame: bytes) -> bool:
+        return self._outbound.writer.write(connection, frame)
+
+    # -- + and - ---------------------------------------------------------------------------------
+
+    async def _receive(
+        self, connection: Connection, path: str, start: int | None, count: int | None
+    ) -> None:
+        outbound = self._outbound
+        topics = outbound.topics[connection.outbound.middleware_version]
+        live = count is None
+        if start is None:
+            topics.add(connection, _filter(path))
+            self._write(connection, status("#subscribed-to", path))
+            return
+        history = outbound.topic_history
+        if live:
+            # From now on, live messages of the path wait behind the replay; it replays only
+            # what this instance had delivered by now (``mark``): the rest comes live.
+            topics.add(connection, _filter(path))
+            outbound.writer.begin_replay(connection, [])
+            mark = outbound.history.last
+        sent = 0
+        try:
+            begin, most = (0, 0) if history is None else await history.span(path, start, count)
+            self._send_now(connection, status("#fetch-start", f"{path} {most}"))
+            if history is not None and most:
+
+                def past_mark(stored: Any) -> bool:
+                    return bool(live and mark and outbound.history.is_after(stored.position, mark))
+
+                replayed = history.replay(outbound, connection, path, begin, most, until=past_mark)
+                async for event in replayed:
+                    await self._room(connection)
+                    if connection.closing is not None or not self._send_now(
+                        connection, connection.codec.replayed(event, "")
+                    ):
+                        return
+                    sent += 1
+            self._send_now(connection, status("#fetch-done", path))
+            if live:
+                self._send_now(connection, status("#subscribed-to", path))
+        except Exception as error:  # noqa: BLE001 - Redis unreachable: the client is told
+            logger.warning(
+                "Gobbler connection %s: fetch of %r failed: %s", connection.sid, path, error
+            )
+            self._send_now(
+                connection, status("!error-server-internal", "the history cannot be read now")
+            )
+        finally:
+            if live and connection.closing is None:
+                await outbound.writer.replay(connection)  # what came live meanwhile, in order
+        outbound.metrics.replayed.inc(sent)
+
+    def _send_now(self, connection: Connection, frame: bytes) -> bool:
+        """Write ahead of what waits behind a replay (the replay's own frames)."""
+        transport = connection.transport
+        if connection.closing is not None or transport is None or transport.is_closing():
+            return False
+        transport.write(frame)
+        return True
+
+    async def _room(self, connection: Connection) -> None:
+        """Wait while the client has not taken what was written to it."""
+        while (
+            connection.closing is None
+            and self._outbound.writer.buffered(connection) > REPLAY_LOW_WATER
+        ):
+            await asyncio.sleep(0.005)
+
+    def _cancel(self, connection: Connection, path: str) -> None:
+        topics = self._outbound.topics[connection.outbound.middleware_version]
+        topics.remove(connection, _filter(path))
+        self._write(connection, status("#canceled", path))
+
+    # -- > -----------------------------------------------------------------------------------------
+
+    async def _send(self, connection: Connection, path: str, message_id: str, rest: str) -> None:
+        outbound = self._outbound
+        headers, body = _headers_and_body(rest)
+        bucket = connection.publishes
+        why = ""
+        position = sequence = None
+        if bucket is not None and not bucket.take():
+            why = f"over {self._max_publishes} sends a second (outbound.max_publishes_per_second)"
+        elif outbound.client_publish is None:
+            why = "this gateway takes no publish from clients"
+        else:
+            details = connection.details if connection.listener_id is not None else None
+            fields = {
+                "headers": headers,
+                "user_id": "" if connection.listener_id is None else str(connection.listener_id),
+                "application_id": connection.session or "",
+                "message_id": message_id,
+            }
+            extra = {key: value for key, value in fields.items() if value}
+            try:
+                position, sequence = await outbound.client_publish(
+                    connection.outbound, details, path, body, extra=extra
+                )
+            except PublishRefused as error:
+                why = str(error)
+        data = {
+            "sequenceId": str(sequence or 0),
+            "path": path,
+            "publisherMessageId": message_id,
+            "messagePublishingTime": str(int(time.time())),
+        }
+        outcome = "refused" if why else "accepted"
+        outbound.metrics.client_publishes.labels("gobbler", outcome).inc()
+        if why:
+            logger.info("Gobbler connection %s: send refused: %s", connection.sid, why)
+            self._write(connection, status("!error-send", f"{message_id} {why}".strip(), data))
+        else:
+            assert position is not None
+            self._write(connection, status("#send", message_id, data))
+
+
+def _path(text: str) -> str:
+    """A path as Gobbler writes it (``/foo/bar``): a message name, not a filter."""
+    if not text:
+        raise BadCommand("a path is missing")
+    if len(text) > MAX_PATH:
+        raise BadCommand(f"a path has at most {MAX_PATH} characters")
+    if {"+", "#"} & set(text.split("/")) or text.startswith("$") or text.startswith("__"):
+        raise BadCommand(f"{text[:64]!r} is not a path a client may use")
+    return text
+
+
+def _filter(path: str) -> str:
+    """The path and its subtopics, as an MQTT filter (``#`` matches the parent level too)."""
+    text = path.rstrip("/") + "/#" if path != "/" else "/#"
+    parse_filter(text)
+    return text
+
+
+def _receive_arguments(arguments: str) -> tuple[str, int | None, int | None]:
+    """``path [start [count]]``, spaces or a comma between start and count."""
+    parts = arguments.replace(",", " ").split()
+    if not parts:
+        raise BadCommand("+ takes a path, then optionally a start and a count")
+    if len(parts) > 3:
+        raise BadCommand("+ takes a path, a start and a count at most")
+    path = _path(parts[0])
+    try:
+        numbers = [int(part) for part in parts[1:]]
+    except ValueError:
+        raise BadCommand("start and count are integers") from None
+    start = numbers[0] if numbers else None
+    count = numbers[1] if len(numbers) > 1 else None
+    if count is not None and count < 0:
+        raise BadCommand("count is 0 or more")
+    return path, start, count
+
+
+def _headers_and_body(rest: str) -> tuple[dict[str, str], str]:
+    """A send's headers (a JSON object line, or ``Name: value`` lines ended by an empty line)
+    and its body."""
+    lines = rest.split("\n")
+    if lines and lines[0].startswith("{"):
+        try:
+            parsed = json.loads(lines[0])
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            body = lines[1:]
+            if body and body[0] == "":
+                body = body[1:]
+            return {str(k): str(v) for k, v in parsed.items()}, "\n".join(body)
+    if "" in lines:
+        end = lines.index("")
+        named = [line.partition(":") for line in lines[:end]]
+        if end and all(sep and name.strip() for name, sep, _ in named):
+            headers = {name.strip(): value.strip() for name, _, value in named}
+            return headers, "\n".join(lines[end + 1 :])
+        if end == 0:
+            return {}, "\n".join(lines[1:])
+    return {}, rest

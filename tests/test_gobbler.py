@@ -1,0 +1,303 @@
+"""The Gobbler WebSocket outbound (``clients.md`` section 14), end to end: a real gateway on a
+free port with a ``[[history]]`` rule, and a client written from the seed's protocol section
+alone (:mod:`.gobbler_client`): subscribe, every form of replay, cancel, send, REST publish."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+import pytest
+from bow_gateway.inbounds.gobbler import GobblerInbound
+from bow_gateway.inbounds.passthrough import create_message_from_envelope
+from bow_gateway.middlewares.claims import criteria_from_claim
+from bow_gateway.outbounds.jwt import JwtOutbound
+
+from bow_gateway import Bow
+
+from .gobbler_client import GobblerClient, GobblerMessage
+from .support import AUTH, PATH, SECRET, Gateway, base_config, metric, token
+
+Serve = Callable[[Bow], Awaitable[Gateway]]
+ROOM = "/chat/room1"
+MEMBERS = [{"room": 1}]
+
+
+def publish_to_room(details: Mapping[str, Any] | None, topic: str, body: str) -> dict[str, Any]:
+    if topic.startswith("/closed/"):
+        raise PermissionError(f"{topic} is closed")
+    return {"name": topic, "payload": body, "audience": MEMBERS}
+
+
+def gobbler_bow(**config: Any) -> Bow:
+    config.setdefault("history", [{"filter": "/chat/#", "max_count": 1000}])
+    return (
+        Bow(base_config(**config))
+        .middleware(version="v1", create_criteria_from_listener_details=criteria_from_claim())
+        .inbound(
+            path=PATH,
+            create_message_from_request_body=create_message_from_envelope,
+            middleware_version="v1",
+        )
+        .inbound(
+            path="/api/message/{topic:.+}",
+            create_message_from_request=GobblerInbound(audience=MEMBERS),
+            middleware_version="v1",
+        )
+        .outbound(
+            version="v1",
+            create_listener_details_from_token=JwtOutbound(secret=SECRET),
+            middleware_version="v1",
+            create_message_from_publish=publish_to_room,
+        )
+    )
+
+
+@pytest.fixture
+async def gateway(serve: Serve) -> Gateway:
+    return await serve(gobbler_bow())
+
+
+Open = Callable[..., Awaitable[GobblerClient]]
+
+
+@pytest.fixture
+async def open_client(gateway: Gateway, http: aiohttp.ClientSession) -> Any:
+    clients: list[GobblerClient] = []
+
+    async def open_(
+        listener: str = "U1", criteria: dict[str, Any] | None = None, **kwargs: Any
+    ) -> GobblerClient:
+        client = await GobblerClient.open(
+            http,
+            gateway.url,
+            token(listener, {"room": 1} if criteria is None else criteria),
+            **kwargs,
+        )
+        clients.append(client)
+        await client.status("#ok-connected")
+        return client
+
+    yield open_
+    for client in clients:
+        await client.close()
+
+
+async def say(gateway: Gateway, n: int, name: str = ROOM, audience: Any = MEMBERS) -> None:
+    await gateway.push({"name": name, "payload": f"message {n}", "audience": audience})
+
+
+async def fill(gateway: Gateway, count: int) -> None:
+    for n in range(1, count + 1):
+        await say(gateway, n)
+
+
+def sequences(messages: list[GobblerMessage]) -> list[int]:
+    return [message.sequence for message in messages]
+
+
+async def test_a_connection_is_greeted_with_its_user_id(
+    gateway: Gateway, http: aiohttp.ClientSession
+) -> None:
+    client = await GobblerClient.open(
+        http, gateway.url, token("marvin", {"room": 1}), query="?applicationId=phone1"
+    )
+    hello = await client.status("#ok-connected")
+    assert hello.text == "You are connected to the server."
+    assert hello.data["UserId"] == "marvin" and hello.data["ApplicationId"] == "phone1"
+    assert int(hello.data["Time"]) > 0
+    await client.close()
+
+
+async def test_the_token_may_come_as_a_query_parameter(
+    gateway: Gateway, http: aiohttp.ClientSession
+) -> None:
+    query = "?token=" + token("U1", {"room": 1})
+    client = await GobblerClient.open(http, gateway.url, query=query)
+    assert (await client.status("#ok-connected")).data["UserId"] == "U1"
+    await client.close()
+
+
+async def test_without_a_token_the_connection_is_closed_with_4002(
+    gateway: Gateway, http: aiohttp.ClientSession
+) -> None:
+    client = await GobblerClient.open(http, gateway.url)
+    assert await client.closed() == 4002
+
+
+async def test_subscribe_receives_the_path_and_its_subtopics_live(
+    gateway: Gateway, open_client: Open
+) -> None:
+    client = await open_client()
+    await client.send(f"+ {ROOM}")
+    await client.status("#subscribed-to")
+    await say(gateway, 1, "/chat/room2")
+    await say(gateway, 2)
+    await say(gateway, 3, "/chat/room1/typing")
+    first, second = await client.message(), await client.message()
+    assert (first.path, first.sequence, first.body) == (ROOM, 1, "message 2")
+    assert (second.path, second.body) == ("/chat/room1/typing", "message 3")
+
+
+async def test_the_last_20_then_live(gateway: Gateway, open_client: Open) -> None:
+    await fill(gateway, 30)
+    client = await open_client()
+    start, messages, done = await client.fetch(f"+ {ROOM} -20")
+    assert start.text == f"{ROOM} 20" and done.text == ROOM
+    assert sequences(messages) == list(range(11, 31))
+    await client.status("#subscribed-to")
+    await say(gateway, 31)
+    assert (await client.message()).sequence == 31
+
+
+async def test_from_sequence_42_then_live(gateway: Gateway, open_client: Open) -> None:
+    await fill(gateway, 50)
+    client = await open_client()
+    _, messages, _ = await client.fetch(f"+ {ROOM} 42")
+    assert sequences(messages) == list(range(42, 51))
+    await client.status("#subscribed-to")
+    await say(gateway, 51)
+    assert (await client.message()).sequence == 51
+
+
+async def test_the_first_20_and_stop(gateway: Gateway, open_client: Open) -> None:
+    await fill(gateway, 30)
+    client = await open_client()
+    _, messages, _ = await client.fetch(f"+ {ROOM} 0 20")
+    assert sequences(messages) == list(range(1, 21))
+    await say(gateway, 31)
+    assert await client.nothing_within(0.3)
+
+
+async def test_the_last_20_and_stop(gateway: Gateway, open_client: Open) -> None:
+    await fill(gateway, 30)
+    client = await open_client()
+    _, messages, _ = await client.fetch(f"+ {ROOM} -20 20")
+    assert sequences(messages) == list(range(11, 31))
+    await say(gateway, 31)
+    assert await client.nothing_within(0.3)
+
+
+async def test_start_and_count_may_be_separated_by_a_comma(
+    gateway: Gateway, open_client: Open
+) -> None:
+    await fill(gateway, 10)
+    client = await open_client()
+    _, messages, _ = await client.fetch(f"+ {ROOM} -5,3")
+    assert sequences(messages) == [6, 7, 8]
+
+
+async def test_replay_shows_only_what_the_criteria_of_now_match(
+    gateway: Gateway, open_client: Open
+) -> None:
+    for n in range(1, 11):
+        await say(gateway, n, audience=MEMBERS if n % 2 else [{"room": 2}])
+    client = await open_client()
+    _, messages, _ = await client.fetch(f"+ {ROOM} 0 100")
+    assert sequences(messages) == [1, 3, 5, 7, 9]
+
+
+async def test_a_fetch_joins_live_delivery_without_a_gap_or_a_repeat(
+    gateway: Gateway, open_client: Open
+) -> None:
+    await fill(gateway, 300)
+    client = await open_client()
+
+    async def more() -> None:
+        for n in range(301, 401):
+            await say(gateway, n)
+
+    publishing = asyncio.create_task(more())
+    _, messages, _ = await client.fetch(f"+ {ROOM} 0")
+    await publishing
+    seen = sequences(messages)
+    await client.status("#subscribed-to")
+    while len(seen) < 400:
+        seen.append((await client.message()).sequence)
+    assert seen == list(range(1, 401))
+    assert await client.nothing_within(0.2)
+
+
+async def test_cancel_stops_live_delivery(gateway: Gateway, open_client: Open) -> None:
+    client = await open_client()
+    await client.send(f"+ {ROOM}")
+    await client.status("#subscribed-to")
+    await client.send(f"- {ROOM}")
+    assert (await client.status("#canceled")).text == ROOM
+    await say(gateway, 1)
+    assert await client.nothing_within(0.3)
+
+
+async def test_send_publishes_with_headers_and_says_its_sequence(
+    gateway: Gateway, open_client: Open
+) -> None:
+    listener = await open_client("U2")
+    await listener.send(f"+ {ROOM}")
+    await listener.status("#subscribed-to")
+    sender = await open_client("U1", query="?applicationId=phone1")
+    await sender.send(f'> {ROOM} m1\n{{"Content-Type": "text/plain"}}\nHello World')
+    sent = await sender.status("#send")
+    assert sent.text == "m1"
+    assert sent.data["sequenceId"] == "1" and sent.data["path"] == ROOM
+    assert sent.data["publisherMessageId"] == "m1"
+    got = await listener.message()
+    assert (got.path, got.sequence, got.body) == (ROOM, 1, "Hello World")
+    assert (got.user_id, got.application_id, got.message_id) == ("U1", "phone1", "m1")
+    assert got.headers == {"Content-Type": "text/plain"}
+
+
+async def test_a_send_without_headers_takes_the_rest_as_its_body(
+    gateway: Gateway, open_client: Open
+) -> None:
+    client = await open_client()
+    await client.send(f"+ {ROOM}")
+    await client.status("#subscribed-to")
+    await client.send(f"> {ROOM}\nHello World")
+    frames = [await client.next(), await client.next()]  # #send and the message, either order
+    [got] = [frame for frame in frames if isinstance(frame, GobblerMessage)]
+    assert (got.body, got.headers, got.message_id) == ("Hello World", {}, "")
+
+
+async def test_a_refused_send_is_an_error_send(gateway: Gateway, open_client: Open) -> None:
+    client = await open_client()
+    await client.send("> /closed/room m2\nHello")
+    refused = await client.status("!error-send")
+    assert refused.text.startswith("m2 ") and "/closed/room is closed" in refused.text
+
+
+async def test_a_rest_publish_reaches_subscribers_with_its_headers(
+    gateway: Gateway, open_client: Open
+) -> None:
+    client = await open_client()
+    await client.send(f"+ {ROOM}")
+    await client.status("#subscribed-to")
+    headers = {**AUTH, "X-Gobbler-Key": "Value", "Content-Type": "text/plain"}
+    url = gateway.url + "/api/message/chat/room1?userId=marvin&messageId=42"
+    async with gateway.http.post(url, data=b"Hello", headers=headers) as response:
+        assert response.status == 204, await response.text()
+    got = await client.message()
+    assert (got.path, got.user_id, got.message_id, got.body) == (ROOM, "marvin", "42", "Hello")
+    assert got.headers == {"Key": "Value"}
+    assert got.sequence == 1
+
+
+async def test_an_unknown_command_is_a_bad_request(gateway: Gateway, open_client: Open) -> None:
+    client = await open_client()
+    await client.send("sdcsd")
+    assert (await client.status("!error-bad-request")).text == "unknown command 'sdcsd'"
+
+
+async def test_a_filter_is_not_a_path(gateway: Gateway, open_client: Open) -> None:
+    client = await open_client()
+    await client.send("+ /chat/#")
+    await client.status("!error-bad-request")
+
+
+async def test_gobbler_connections_are_counted_by_protocol(
+    gateway: Gateway, open_client: Open
+) -> None:
+    await open_client()
+    labels = 'outbound="v1",protocol="gobbler"'
+    assert await metric(gateway, f"bow_sockets_connected{{{labels}}}") == 1
