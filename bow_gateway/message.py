@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import orjson
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
@@ -121,8 +121,18 @@ class Message:
     audience: list[Query]
     payload: Any = None
     has_payload: bool = field(default=False)
-    publication: Publication | None = None
-    """Gobbler's headers and publisher ids, when the inbound's function gave any."""
+    publication: ClassVar[Publication | None] = None
+    """Gobbler's headers and publisher ids: never on a ``Message``, on a :class:`PublishedMessage`
+    when the inbound's function gave any."""
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedMessage(Message):
+    """A message with Gobbler's fields: a class of its own, so that the others (nearly all)
+    neither build nor carry the field (each field of a frozen dataclass costs its ``__init__``
+    a call)."""
+
+    publication: Publication | None = None  # type: ignore[misc]  # a field here, None above
 
 
 def validate_message(
@@ -149,14 +159,16 @@ def validate_message(
         raise ValueError(f"{where}a message must be a mapping, not {type(value).__name__}")
     _check_size(value.get("audience"), max_queries, max_predicates, prefix)
     message = _plainly_valid(value) or _loaded(value, prefix)
-    publication = None
+    audience = _distinct(message.audience)
     if len(value) > 2 + message.has_payload and not PUBLICATION_KEY_SET.isdisjoint(value):
         limits = (max_headers, max_header_bytes, max_id_length)
         publication = read_publication(value, prefix, *limits)
-    audience = _distinct(message.audience)
-    if len(audience) == len(message.audience) and publication is None:
+        if publication is not None:
+            parts = (message.name, audience, message.payload, message.has_payload)
+            return PublishedMessage(*parts, publication)
+    if len(audience) == len(message.audience):
         return message
-    return Message(message.name, audience, message.payload, message.has_payload, publication)
+    return Message(message.name, audience, message.payload, message.has_payload)
 
 
 def _loaded(value: Mapping[str, Any], prefix: str, sample: int = 10) -> Message:
@@ -333,13 +345,7 @@ def encode_event(event: Event) -> bytes:
         if message.has_payload:
             document["p"] = message.payload
         if message.publication is not None:
-            publication = message.publication
-            document["g"] = [
-                publication.headers,
-                publication.user_id,
-                publication.application_id,
-                publication.message_id,
-            ]
+            document["g"] = list(message.publication)  # headers, user, application, message ids
         return dumps(document)
     if isinstance(event, CriteriaEvent):
         document = {"c": event.middleware_version, "i": event.listener_id, "k": event.criteria}
@@ -358,13 +364,11 @@ def decode_event(data: bytes) -> Event:
     document = orjson.loads(data)
     if "m" in document:
         gobbler = document.get("g")
-        message = Message(
-            document["n"],
-            document["a"],
-            document.get("p"),
-            "p" in document,
-            None if gobbler is None else Publication(*gobbler),
-        )
+        if gobbler is None:
+            message = Message(document["n"], document["a"], document.get("p"), "p" in document)
+        else:
+            parts = (document["n"], document["a"], document.get("p"), "p" in document)
+            message = PublishedMessage(*parts, Publication(*gobbler))
         return MessageEvent(document["m"], message, document.get("t", 0.0), document.get("q"))
     if "c" in document:
         return CriteriaEvent(document["c"], document["i"], document["k"], document.get("b"))

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from .backplanes import Backplane
 from .config import Config
-from .control import Control
+from .control import Control, check_inbound_paths
 from .http_server import HandshakeLimits, handshake_limits
 from .inbound import Enrich, Handler, basic_auth, health_handler, message_handler
 from .metrics import Metrics
@@ -121,12 +121,27 @@ def build_app(
     return app
 
 
-def check_route(path: str) -> None:
-    """``ValueError`` for an inbound path aiohttp cannot route (a malformed ``{parameter}``)."""
+def check_inbound(path: Any, api_prefix: str, body_function: Any, request_function: Any) -> None:
+    """``ValueError`` for an inbound that ``Bow.inbound`` cannot register: a path that is not a
+    route (a malformed ``{parameter}``) or is the gateway's; not exactly one callable function."""
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise ValueError(f"inbound path must be a string starting with '/', not {path!r}")
+    if path == HEALTH_PATH or path.startswith(SOCKETIO_PATH):
+        raise ValueError(f"inbound path {path!r} is reserved by the gateway")
+    check_inbound_paths([path], api_prefix)
     try:
         web.UrlDispatcher().add_post(path, _never)
     except ValueError as error:
         raise ValueError(f"inbound path {path!r} is not a valid route: {error}") from None
+    if (body_function is None) == (request_function is None):
+        raise ValueError(
+            f"inbound {path!r}: give exactly one of create_message_from_request_body (the "
+            "JSON body to a message) and create_message_from_request (the request to one)"
+        )
+    name = "create_message_from_request" + ("_body" if request_function is None else "")
+    function = body_function if request_function is None else request_function
+    if not callable(function):
+        raise ValueError(f"{name} must be callable, not {type(function).__name__}")
 
 
 async def _never(request: web.Request) -> Any:

@@ -13,7 +13,7 @@ from aiohttp import web
 from .backplanes import Backplane, backplane_from_config
 from .config import Config, load_config
 from .consumer import Consumer
-from .control import Control, check_inbound_paths
+from .control import Control
 from .criteria import ID_KEY, ListenerId, validate_criteria
 from .enrichers import Enrichers
 from .gc_freeze import freeze_after_connects, release_closed_transports
@@ -41,7 +41,7 @@ from .plugins import (
 )
 from .publisher import Publisher
 from .retention import Retentions
-from .routes import HEALTH_PATH, METRICS_PATH, SOCKETIO_PATH, build_app, check_route
+from .routes import METRICS_PATH, build_app, check_inbound
 from .supervisor import Supervisor
 
 logger = logging.getLogger("bow_gateway")
@@ -118,23 +118,10 @@ class Bow:
         whose JSON bodies (``create_message_from_request_body``) or whole requests
         (``create_message_from_request``, given an :class:`InboundRequest`; exactly one of the
         two) become messages resolved by a middleware version."""
-        if not isinstance(path, str) or not path.startswith("/"):
-            raise ValueError(f"inbound path must be a string starting with '/', not {path!r}")
-        if path == HEALTH_PATH or path.startswith(SOCKETIO_PATH):
-            raise ValueError(f"inbound path {path!r} is reserved by the gateway")
-        check_inbound_paths([path], self.config.api_prefix)
-        check_route(path)
+        functions = (create_message_from_request_body, create_message_from_request)
+        check_inbound(path, self.config.api_prefix, *functions)
         if path in self._inbounds:
             raise ValueError(f"inbound path {path!r} is already registered")
-        if (create_message_from_request_body is None) == (create_message_from_request is None):
-            raise ValueError(
-                f"inbound {path!r}: give exactly one of create_message_from_request_body (the "
-                "JSON body to a message) and create_message_from_request (the request to one)"
-            )
-        if create_message_from_request is not None:
-            _callable("create_message_from_request", create_message_from_request)
-        else:
-            _callable("create_message_from_request_body", create_message_from_request_body)
         self._inbounds[path] = InboundPlugin(
             path,
             create_message_from_request_body,
