@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Final
 from ..criteria_snapshot import Layout, Live, bucket_count
 from ..redis_client import describe, sync_redis_client
 from .config import JobConfig
-from .spark import exists, short, sweep_states
+from .spark import exists, short, spark_failure, sweep_states
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -121,7 +121,7 @@ def run_job(
     except (redis_py.RedisError, redis_py.exceptions.RedisClusterException) as error:
         raise CriteriaJobError(f"Redis at {describe(config.redis)}: {error}") from None
     except (PySparkException, Py4JError) as error:
-        raise CriteriaJobError(f"Spark failed: {short(error)}") from None
+        raise CriteriaJobError(f"Spark failed: {spark_failure(error, spark)}") from None
     finally:
         client.close()
 
