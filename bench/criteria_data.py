@@ -1,7 +1,7 @@
 """A listener data set of any size for the criteria job: users, roles, memberships.
 
 Run:  .venv/bin/python bench/criteria_data.py --listeners 1000000 [--parquet DIR] [--postgres DSN]
-      [--schema bow_bench] [--seed 1] [--churn 0.01]
+      [--schema bow_bench] [--seed 1] [--churn 0.01] [--shape standard|wide]
 
 ``users`` (id, plan, country, active, updated_at), ``roles`` (id, name: 8 roles) and
 ``memberships`` (user_id, role_id, blog_id: 1 to 5 rows per user, 2.6 on average), the same rows
@@ -10,6 +10,11 @@ in PostgreSQL (``COPY``, into ``--schema``) and as Parquet files (``DIR/users.pa
 removed, users deleted and added) and writes the changed data set the same way, so that an
 incremental run has something to do. :data:`QUERY` is the criteria query over these views;
 :func:`expected_criteria` says what it must give, listener by listener.
+
+``--shape wide`` makes another shape of listeners instead (:func:`generate_wide`): string ids of
+~55 characters, 12 criteria per listener (long strings, numbers, booleans, NULLs, two lists), and
+group sizes skewed by a Zipf law (a few groups hold most memberships), in ``accounts`` and
+``group_members``; :data:`WIDE_QUERY` and :func:`expected_wide_criteria` go with it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
@@ -162,8 +168,109 @@ def expected_criteria(dataset: Dataset) -> dict[int, dict[str, Any]]:
     return criteria
 
 
-def write_parquet(dataset: Dataset, folder: str | Path) -> None:
-    """``folder/users.parquet``, ``roles.parquet``, ``memberships.parquet`` (replaced)."""
+WIDE_QUERY = """
+SELECT a.id, a.tenant, a.region, a.locale, a.plan, a.tier, a.verified, a.beta, a.score,
+       a.department, a.title, collect_set(g.group_name) AS groups,
+       collect_set(g.project_id) AS projects
+FROM accounts a
+LEFT JOIN group_members g ON g.account_id = a.id
+GROUP BY a.id, a.tenant, a.region, a.locale, a.plan, a.tier, a.verified, a.beta, a.score,
+         a.department, a.title
+"""
+WIDE_SCALARS = (
+    "tenant", "region", "locale", "plan", "tier", "verified", "beta", "score", "department", "title"
+)  # fmt: skip
+REGIONS = [f"{area}-{side}-{n}" for area in ("europe", "us", "asia") for side in ("west", "east")
+           for n in (1, 2)]  # fmt: skip
+LOCALES = ["en-US", "en-GB", "de-DE", "fr-FR", "es-ES", "pt-BR", "ja-JP", "it-IT", "nl-NL", "pl-PL"]
+WIDE_PLANS = ["community", "starter", "professional", "business", "enterprise-plus"]
+WORDS = ["platform", "infrastructure", "observability", "payments", "identity", "research",
+         "customer", "success", "marketing", "analytics", "security", "mobile", "frontend",
+         "backend", "operations", "compliance"]  # fmt: skip
+
+
+@dataclass
+class WideDataset:
+    """Accounts with 10 scalar criteria, and their (skewed) group memberships."""
+
+    accounts: pa.Table
+    group_members: pa.Table
+
+    def tables(self) -> dict[str, pa.Table]:
+        return {"accounts": self.accounts, "group_members": self.group_members}
+
+
+def generate_wide(listeners: int, seed: int = 1) -> WideDataset:
+    """``listeners`` accounts of the wide shape, the same for the same seed."""
+    rng = np.random.default_rng(seed)
+    tenants = max(20, listeners // 500)
+    tenant = (rng.zipf(1.5, listeners) - 1) % tenants  # a few large tenants, a long tail
+    words = np.array(WORDS, dtype=object)
+    tenant_names = [f"tenant-{words[n % 16]}-{words[n * 7 % 16]}-{n:05d}" for n in range(tenants)]
+    serial = rng.integers(0, 1 << 62, listeners)
+    ids = [f"acct:{tenant_names[t][7:]}:{s:016x}" for t, s in zip(tenant, serial, strict=True)]
+    departments = [f"{a}-{b}-{c}-division" for a, b, c in rng.choice(words, (40, 3))]
+    titles = [f"{lvl}-{a}-{b}-engineer" for lvl in ("senior", "staff", "principal", "associate")
+              for a, b in rng.choice(words, (15, 2))]  # fmt: skip
+
+    def pick(values: list[str], null: float = 0.0) -> pa.Array:
+        chosen = np.array(values, dtype=object)[rng.integers(0, len(values), listeners)]
+        chosen[rng.random(listeners) < null] = None
+        return pa.array(chosen, pa.string())
+
+    beta = pa.array(np.where(rng.random(listeners) < 0.05, True, False))
+    unknown = pa.array(rng.random(listeners) < 0.2)  # beta unknown: NULL
+    accounts = pa.table(
+        {
+            "id": pa.array(ids, pa.string()),
+            "tenant": pa.array(np.array(tenant_names, dtype=object)[tenant], pa.string()),
+            "region": pick(REGIONS),
+            "locale": pick(LOCALES, null=0.1),
+            "plan": pick(WIDE_PLANS),
+            "tier": pa.array(rng.integers(1, 6, listeners).astype(np.int32)),
+            "verified": pa.array(rng.random(listeners) < 0.85),
+            "beta": pa.compute.if_else(unknown, pa.scalar(None, pa.bool_()), beta),
+            "score": pa.array(rng.integers(0, 100_000, listeners) / 100.0),
+            "department": pick(departments, null=0.05),
+            "title": pick(titles),
+        }
+    )
+    groups = max(50, listeners // 50)
+    per_account = np.minimum(rng.geometric(0.45, listeners), 5)
+    member = np.repeat(np.arange(listeners), per_account)
+    group = (rng.zipf(1.3, len(member)) - 1) % groups  # group 0 holds a quarter, most a few
+    names = [f"g{g:06d}-{words[g % 16]}-{words[g * 5 % 16]}-team" for g in range(groups)]
+    group_members = pa.table(
+        {
+            "account_id": pa.array(ids, pa.string()).take(pa.array(member)),
+            "group_name": pa.array(names, pa.string()).take(pa.array(group)),
+            "project_id": pa.array(rng.integers(1, 10 * groups, len(member)).astype(np.int32)),
+        }
+    )
+    return WideDataset(accounts, group_members)
+
+
+def expected_wide_criteria(dataset: WideDataset) -> dict[str, dict[str, Any]]:
+    """What :data:`WIDE_QUERY` must give each account, as the gateway reads it back."""
+    criteria: dict[str, dict[str, Any]] = {}
+    for row in dataset.accounts.to_pylist():
+        criteria[row["id"]] = {k: row[k] for k in WIDE_SCALARS if row[k] is not None}
+    groups: dict[str, set[str]] = {}
+    projects: dict[str, set[int]] = {}
+    m = dataset.group_members
+    columns = (m.column(c).to_pylist() for c in ("account_id", "group_name", "project_id"))
+    for account, group, project in zip(*columns, strict=True):
+        groups.setdefault(account, set()).add(group)
+        projects.setdefault(account, set()).add(project)
+    for account, entry in criteria.items():
+        if account in groups:
+            entry["groups"] = sorted(groups[account])
+            entry["projects"] = sorted(projects[account])
+    return criteria
+
+
+def write_parquet(dataset: Dataset | WideDataset, folder: str | Path) -> None:
+    """``folder/{table}.parquet`` for each table (``users.parquet``...; replaced)."""
     Path(folder).mkdir(parents=True, exist_ok=True)
     for name, table in dataset.tables().items():
         pq.write_table(table, Path(folder) / f"{name}.parquet", row_group_size=256 * 1024)
@@ -204,8 +311,18 @@ def main() -> None:
     parser.add_argument("--postgres", metavar="DSN", help="load into PostgreSQL at DSN")
     parser.add_argument("--schema", default="bow_bench", help="PostgreSQL schema (bow_bench)")
     parser.add_argument("--churn", type=float, default=0.0, help="then change this fraction")
+    parser.add_argument("--shape", choices=("standard", "wide"), default="standard")
     args = parser.parse_args()
     started = time.perf_counter()
+    if args.shape == "wide":
+        wide = generate_wide(args.listeners, args.seed)
+        if args.parquet:
+            write_parquet(wide, args.parquet)
+        print(
+            f"{wide.accounts.num_rows:,} accounts, {wide.group_members.num_rows:,} group"
+            f" memberships in {time.perf_counter() - started:.1f} s (Parquet only)"
+        )
+        return
     dataset = generate(args.listeners, args.seed)
     changed = 0
     if args.churn:

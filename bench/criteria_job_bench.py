@@ -2,7 +2,7 @@
 
 Run:  .venv/bin/python bench/criteria_job_bench.py [--listeners 1000000] [--small 10000]
       [--churn 0.01] [--postgres postgresql://postgres@127.0.0.1:5432/test] [--no-postgres]
-      [--class-archive /var/tmp/bow-spark.jsa]
+      [--class-archive /var/tmp/bow-spark.jsa] [--wide 1000000]
 
 A plain script, not a test. It starts a private ``redis-server`` (free port, no persistence,
 ``hash-max-listpack-value 512``), measures Redis's own pipelined write ceiling on it
@@ -12,7 +12,9 @@ fresh process (so every wall time includes starting Python, the JVM and Spark):
 
 1. a full run from Parquet, 2. a full run from PostgreSQL (JDBC, 4 partitions per table),
 3. ``--churn`` of the listeners changed in PostgreSQL, then an incremental run,
-4. a full run of ``--small`` listeners from Parquet.
+4. a full run of ``--small`` listeners from Parquet,
+5. a full run from Parquet of ``--wide`` listeners of the other shape of criteria_data.py (string
+   ids, 12 criteria with long strings, Zipf-skewed groups; ``--wide 0`` leaves it out).
 
 With ``--class-archive`` the job files set ``spark.class_archive`` (an AppCDS archive of Spark's
 classes: a faster JVM start); a first run of the small data set makes the archive when it does
@@ -78,7 +80,13 @@ def redis_ceiling(port: int, requests: int = 2_000_000) -> float:
 
 
 def job_file(
-    folder: Path, name: str, redis_url: str, inputs: str, state: Path, archive: str | None
+    folder: Path,
+    name: str,
+    redis_url: str,
+    inputs: str,
+    state: Path,
+    archive: str | None,
+    query: str = data.QUERY,
 ) -> Path:
     path = folder / f"{name}.toml"
     path.write_text(
@@ -86,16 +94,16 @@ def job_file(
         + (f'[spark]\nclass_archive = "{archive}"\n' if archive else "")
         + '[spark.conf]\n"spark.ui.enabled" = "false"\n"spark.driver.memory" = "3g"\n'
         + inputs
-        + f'[criteria]\nquery = """{data.QUERY}"""\n'
+        + f'[criteria]\nquery = """{query}"""\n'
         + f'[snapshot]\ngrace_seconds = 0\nstate_dir = "{state}"\n'
     )
     return path
 
 
-def parquet_inputs(folder: Path) -> str:
+def parquet_inputs(folder: Path, names: tuple[str, ...] = ("users", "roles", "memberships")) -> str:
     return "".join(
         f'[[inputs]]\nname = "{n}"\nformat = "parquet"\npath = "{folder}/{n}.parquet"\n'
-        for n in ("users", "roles", "memberships")
+        for n in names
     )
 
 
@@ -179,7 +187,11 @@ def main() -> None:
     parser.add_argument("--schema", default="bow_bench")
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--class-archive", metavar="FILE", help="spark.class_archive (AppCDS)")
+    parser.add_argument(
+        "--wide", type=int, help="listeners of the wide shape (default: --listeners; 0: none)"
+    )
     args = parser.parse_args()
+    wide_listeners = args.listeners if args.wide is None else args.wide
     jdbc = "jdbc:" + re.sub(r"^postgresql://(?:[^@/]*@)?", "postgresql://", args.postgres)
     print(common.environment(["pyspark", "pyarrow", "redis"]), flush=True)
     work = Path(tempfile.mkdtemp(prefix="bow-criteria-bench-"))
@@ -250,6 +262,22 @@ def main() -> None:
         results.append((f"full, {args.small:,}, Parquet", run_job(small_file, client)))
         _report(*results[-1])
 
+        wide_used = None
+        if wide_listeners:
+            started = time.perf_counter()
+            data.write_parquet(data.generate_wide(wide_listeners), work / "wide")
+            print(f"\nwide data set: {wide_listeners:,} accounts"
+                  f" ({time.perf_counter() - started:.0f} s to make)", flush=True)  # fmt: skip
+            client.flushall()
+            wide_baseline = int(client.info("memory")["used_memory"])
+            inputs = parquet_inputs(work / "wide", ("accounts", "group_members"))
+            wide_file = job_file(
+                work, "wide", server.url, inputs, work / "wide-state", archive, data.WIDE_QUERY
+            )
+            results.append((f"full, wide {wide_listeners:,}, Parquet", run_job(wide_file, client)))
+            _report(*results[-1])
+            wide_used = memory(client, wide_baseline, wide_listeners)
+
     print(
         "\n"
         + common.table(
@@ -273,6 +301,12 @@ def main() -> None:
         f" (used_memory); sampled buckets: {used['usage']:.1f} B in Redis for"
         f" {used['payload']:.1f} B of field + value; encodings {used['encodings']}"
     )
+    if wide_used is not None:
+        print(
+            f"memory per listener (wide, {wide_listeners:,}): {wide_used['used']:.1f} B"
+            f" (used_memory); sampled buckets: {wide_used['usage']:.1f} B in Redis for"
+            f" {wide_used['payload']:.1f} B of field + value; encodings {wide_used['encodings']}"
+        )
     writes = incremental["changed"] + incremental["removed"]
     print(
         f"incremental: {touched:,} listeners touched; {incremental['changed']:,} changed,"
@@ -282,7 +316,7 @@ def main() -> None:
     print(
         "targets: full run <= 30 s; write phase >= 250,000/s and >= 0.5 of the ceiling;"
         " <= 100 B/listener; 10,000-listener run <= 20 s; incremental at 1% <= 3% of the"
-        " writes"
+        " writes; issue 16: full run from Parquet <= 20 s with the class archive, <= 60 B/listener"
     )
 
 

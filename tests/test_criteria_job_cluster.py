@@ -1,9 +1,12 @@
-"""The Spark criteria job over a Redis Cluster of three nodes (the job file's ``redis.connection``):
-a full run spreads its buckets over every node, an incremental run writes and notifies only what
-changed, and the precomputed-criteria middleware reads the result through the same settings."""
+"""The Spark criteria job over a Redis Cluster of three masters (the job file's
+``redis.connection``, in the form of the gateway's ``redis`` setting): a full run spreads its
+buckets over every node, an incremental run writes and notifies only what changed, the
+precomputed-criteria middleware reads the result through the same settings, and the bench's wide
+shape (string ids, 12 criteria, long strings) arrives as generated."""
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,16 +15,28 @@ import pytest
 from bow_gateway.middlewares.precomputed import PrecomputedCriteria
 from pyspark.sql import SparkSession
 
-from bench.criteria_data import QUERY, churn, expected_criteria, generate, write_parquet
+from bench.criteria_data import (
+    QUERY,
+    WIDE_QUERY,
+    churn,
+    expected_criteria,
+    expected_wide_criteria,
+    generate,
+    generate_wide,
+    write_parquet,
+)
+from bow_gateway.config import load_config
 from bow_gateway.criteria_snapshot import Layout, Live, id_field, parse_change
-from bow_gateway.job.config import parse_job_config
+from bow_gateway.job.config import load_job_config, parse_job_config
 from bow_gateway.job.run import run_job
 from bow_gateway.job.spark import build_session
 from bow_gateway.redis_client import RedisSettings, SyncClient, sync_redis_client
 
 from .redis_server import RedisServer, redis_cluster
+from .support import base_config
 
 LISTENERS = 600
+WIDE_LISTENERS = 1000
 NAMES = ("users", "roles", "memberships")
 pytestmark = pytest.mark.timeout(300)  # a Spark session of its own
 
@@ -67,16 +82,28 @@ def expected(dataset: Any) -> dict[str, Any]:
 async def test_full_and_incremental_runs_over_a_redis_cluster(
     spark: SparkSession, cluster: list[RedisServer], tmp_path: Path
 ) -> None:
-    settings: RedisSettings = [{"host": "127.0.0.1", "port": s.port} for s in cluster]
+    # The nodes as a gateway's TOML file gives its `redis` setting, and the same text as the
+    # job file's `redis.connection`: one form, one result.
+    nodes = ", ".join(f'{{ host = "127.0.0.1", port = {s.port} }}' for s in cluster)
+    settings: RedisSettings = load_config(base_config(**tomllib.loads(f"redis = [{nodes}]"))).redis
+    job_file = tmp_path / "job.toml"
+    job_file.write_text(
+        f'[redis]\nconnection = [{nodes}]\n[criteria]\nquery = """{QUERY}"""\n'
+        + "".join(
+            f'[[inputs]]\nname = "{n}"\nformat = "parquet"\npath = "first/{n}.parquet"\n'
+            for n in NAMES
+        )
+        + '[snapshot]\nstate_dir = "state"\nlock_seconds = 10\nbuckets = 30\n'
+    )
     layout = Layout("bow")
     dataset = generate(LISTENERS, seed=11)
     write_parquet(dataset, tmp_path / "first")
     state = {"snapshot": {"state_dir": str(tmp_path / "state"), "lock_seconds": 10, "buckets": 30}}
     client = sync_redis_client(settings)
     try:
-        full = run_job(
-            parse_job_config(document(settings, parquet(tmp_path / "first"), **state)), spark
-        )
+        config = load_job_config(str(job_file))
+        assert config.redis == settings == [{"host": "127.0.0.1", "port": s.port} for s in cluster]
+        full = run_job(config, spark)
         assert (full.mode, full.written) == ("full", LISTENERS)
         assert contents(client, layout) == expected(dataset)
         assert all(int(s.command("DBSIZE").lstrip(":")) > 0 for s in cluster)  # buckets everywhere
@@ -108,3 +135,31 @@ async def test_full_and_incremental_runs_over_a_redis_cluster(
             assert await middleware({"id": int(field)}) == criteria
     finally:
         await middleware.aclose()
+
+
+def test_the_wide_shape_string_ids_and_long_criteria_over_a_redis_cluster(
+    spark: SparkSession, cluster: list[RedisServer], tmp_path: Path
+) -> None:
+    settings: RedisSettings = [{"host": "127.0.0.1", "port": s.port} for s in cluster]
+    wide = generate_wide(WIDE_LISTENERS, seed=5)
+    write_parquet(wide, tmp_path)
+    inputs = [
+        {"name": n, "format": "parquet", "path": str(tmp_path / f"{n}.parquet")}
+        for n in ("accounts", "group_members")
+    ]
+    document = {
+        "redis": {"connection": settings, "namespace": "wide"},
+        "inputs": inputs,
+        "criteria": {"query": WIDE_QUERY},
+    }
+    said: list[str] = []
+    summary = run_job(parse_job_config(document), spark, progress=said.append)
+    assert summary.written == WIDE_LISTENERS
+    client = sync_redis_client(settings)
+    try:
+        found = contents(client, Layout("wide"))
+    finally:
+        client.close()
+    assert found == {id_field(i): c for i, c in expected_wide_criteria(wide).items()}
+    # the criteria are longer than Redis's default listpack value (64 bytes): the job says so
+    assert any("exceed the Redis setting hash-max-listpack-value 64" in line for line in said)

@@ -13,7 +13,7 @@
     [spark]                            # optional
     master = "local[*]"                # --master overrides it
     conf = { "spark.driver.memory" = "2g" }
-    class_archive = "/var/cache/bow-gateway/spark.jsa"   # local mode: a faster JVM start
+    class_archive = "/var/cache/bow-gateway/spark.jsa"   # a faster start of the driver JVM
 
     [[inputs]]                         # each one becomes a Spark SQL view named `name`
     name = "users"

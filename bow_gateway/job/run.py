@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Final
 from ..criteria_snapshot import Layout, Live, bucket_count
 from ..redis_client import describe, sync_redis_client
 from .config import JobConfig
-from .spark import exists, short, sweep_states
+from .spark import exists, short, spark_failure, sweep_states
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 
 ARROW_BATCH: Final = 65_536
 """Rows per Arrow batch to the writers (the default, 10,000, costs more round trips)."""
+BATCH_BYTES: Final = "spark.sql.execution.arrow.maxBytesPerBatch"
+BATCH_BYTES_DEFAULT: Final = 64 << 20
+"""Spark's own limit of an Arrow batch in bytes (its default, 64 MiB)."""
+NO_BATCH_BYTES: Final = str(2**31 - 1)
+"""Spark's "no limit" (Int.MaxValue): it then skips measuring the batch after every row."""
 CLIENT_DEFAULTS: Final = {"socket_timeout": 60, "socket_connect_timeout": 10}
 """redis-py settings of the job's clients (the driver's and the writers'), unless the file's."""
 
@@ -121,7 +126,7 @@ def run_job(
     except (redis_py.RedisError, redis_py.exceptions.RedisClusterException) as error:
         raise CriteriaJobError(f"Redis at {describe(config.redis)}: {error}") from None
     except (PySparkException, Py4JError) as error:
-        raise CriteriaJobError(f"Spark failed: {short(error)}") from None
+        raise CriteriaJobError(f"Spark failed: {spark_failure(error, spark)}") from None
     finally:
         client.close()
 
@@ -154,13 +159,17 @@ def _locked_run(
     keys = criteria_keys(frame)
     shaped = shape(frame).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        read = _check(shaped, store.client, config, distinct=incremental, progress=progress)
+        read, entry_bytes = _check(
+            shaped, store.client, config, distinct=incremental, progress=progress
+        )
         if incremental and (live is None or live.state is None or not exists(spark, live.state)):
             progress("no state of a previous run to compare with: a full run instead")
             incremental = False
         elif incremental and live is not None and live.keys != keys:
             progress("the query's criteria columns changed since the live snapshot: a full run")
             incremental = False
+        # an incremental run also writes ids removed since, which the checks did not measure
+        _size_batches(spark, config, None if incremental else entry_bytes)
         if incremental:
             assert live is not None and live.state is not None
             return _incremental(config, spark, store, shaped, live, read, progress, started)
@@ -176,9 +185,12 @@ def _check(
     *,
     distinct: bool,
     progress: Callable[[str], None],
-) -> int:
-    """Run the query once (cached), count it and refuse rows that break the gateway's rules."""
+) -> tuple[int, int]:
+    """Run the query once (cached), count it and refuse rows that break the gateway's rules;
+    the listeners read and a bound on the bytes of one's entry to the writers."""
     from pyspark.sql import functions as F
+
+    from .store import listpack_warnings
 
     aggregates = [
         F.count(F.lit(1)).alias("read"),
@@ -193,6 +205,7 @@ def _check(
             ignorenulls=True,
         ).alias("example"),
         F.max(F.octet_length("value")).alias("longest"),
+        F.max(F.octet_length("field")).alias("longest_field"),
     ]
     if distinct:
         aggregates.append(F.count_distinct("field").alias("distinct"))
@@ -210,8 +223,28 @@ def _check(
             f" criteria query, e.g. {', '.join(_duplicates(shaped))}: the query must return one"
             " row per listener (GROUP BY id); nothing was written"
         )
-    _warn_listpack(client, config, row["longest"] or 0, progress)
-    return read
+    for warning in listpack_warnings(client, row["longest"] or 0, config.listeners_per_bucket):
+        progress(warning)
+    return read, (row["longest"] or 0) + 2 * (row["longest_field"] or 0) + ENTRY_FRAMING
+
+
+ENTRY_FRAMING: Final = 64
+"""More than the bytes of a writer's row beyond its field and value, and its field again in the
+``notify`` column (RESP headers, Arrow offsets and validity, the other columns)."""
+
+
+def _size_batches(spark: SparkSession, config: JobConfig, entry_bytes: int | None) -> None:
+    """Arrow batches of :data:`ARROW_BATCH` rows to the writers; Spark's check of their size in
+    bytes, which measures the whole batch after every row (a quarter of the JVM's time in the
+    write phase), is turned off when the largest possible batch is within its limit anyway
+    (``entry_bytes``: a bound on a row's bytes, ``None`` when unknown)."""
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH))
+    if BATCH_BYTES in config.spark_conf:
+        spark.conf.set(BATCH_BYTES, config.spark_conf[BATCH_BYTES])
+    elif entry_bytes is not None and entry_bytes * ARROW_BATCH <= BATCH_BYTES_DEFAULT:
+        spark.conf.set(BATCH_BYTES, NO_BATCH_BYTES)
+    else:
+        spark.conf.unset(BATCH_BYTES)  # a session's earlier run may have turned it off
 
 
 def _duplicates(shaped: DataFrame) -> list[str]:
@@ -363,7 +396,6 @@ def _write(
     # Shipped by value: the executors need redis-py and pyarrow, not the gateway.
     for module in (writer_module, redis_client_module):
         cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH))
     writer = partial(
         write_partition,
         redis=config.redis,
@@ -393,31 +425,3 @@ def _save_state(spark: SparkSession, frame: DataFrame, config: JobConfig, snapsh
         frame = frame.select("field", F.xxhash64("value").alias("digest"))
     frame.select("field", "digest").write.mode("errorifexists").parquet(path)
     return path
-
-
-def _warn_listpack(
-    client: SyncClient, config: JobConfig, longest: int, progress: Callable[[str], None]
-) -> None:
-    """Say when Redis would store buckets as hash tables (about 2x the memory of listpacks)."""
-    limits: dict[str, int] = {}
-    for name in ("entries", "value"):
-        for spelling in (f"hash-max-listpack-{name}", f"hash-max-ziplist-{name}"):
-            try:
-                reply = client.config_get(spelling)
-            except Exception:  # noqa: BLE001 - CONFIG may be disabled (managed Redis): no advice
-                return
-            if spelling in reply:
-                limits[name] = int(str(reply[spelling]))
-                break
-    if "value" in limits and longest > limits["value"]:
-        progress(
-            f"warning: criteria up to {longest} bytes exceed the Redis setting"
-            f" hash-max-listpack-value {limits['value']}: buckets holding them take more"
-            " memory; raise it (see docs/criteria-job.md)"
-        )
-    if "entries" in limits and config.listeners_per_bucket * 1.5 > limits["entries"]:
-        progress(
-            f"warning: about {config.listeners_per_bucket} listeners per bucket (up to"
-            f" ~{int(config.listeners_per_bucket * 1.5)}) exceed hash-max-listpack-entries"
-            f" {limits['entries']}: raise it or lower snapshot.listeners_per_bucket"
-        )

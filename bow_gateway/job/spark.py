@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from .config import JobConfig
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
 
 APP_NAME: Final = "bow-gateway criteria-job"
 JAVA_OPTIONS: Final = "spark.driver.extraJavaOptions"
+PYTHON_SETTING: Final = "spark.pyspark.python"
 
 
 def build_session(config: JobConfig, master: str | None = None) -> SparkSession:
@@ -36,10 +38,13 @@ def build_session(config: JobConfig, master: str | None = None) -> SparkSession:
     if config.jars:
         conf["spark.jars"] = ",".join(config.jars)
     cores = local_cores(master)
+    python = executor_python(config, local=cores is not None)
+    if python is not None:
+        os.environ["PYSPARK_PYTHON"] = python  # what PySpark tells the executors to run
     if cores is not None:
-        if not os.environ.get("PYSPARK_PYTHON"):
-            os.environ["PYSPARK_PYTHON"] = sys.executable  # local workers: this venv's Python
         conf.update(local_defaults(cores, config))  # the file's Java options are merged in
+    elif config.class_archive is not None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        conf[JAVA_OPTIONS] = driver_java_options(config, local=False)  # our driver JVM starts
     conf.update({k: v for k, v in config.spark_conf.items() if k not in conf or k != JAVA_OPTIONS})
     for key, value in conf.items():
         builder = builder.config(key, value)
@@ -48,21 +53,39 @@ def build_session(config: JobConfig, master: str | None = None) -> SparkSession:
     return spark
 
 
+def executor_python(
+    config: JobConfig, *, local: bool, environ: Mapping[str, str] = os.environ
+) -> str | None:
+    """The Python the executors are to run: the file's ``spark.pyspark.python``, else
+    ``$PYSPARK_PYTHON``, else (locally) this one; ``None``: Spark's default, ``python3``.
+
+    PySpark reads only the environment variable (spark-submit sets it from the setting), so a
+    job that starts Spark itself on a cluster would ignore the file's setting without this.
+    """
+    chosen = config.spark_conf.get(PYTHON_SETTING) or environ.get("PYSPARK_PYTHON")
+    return chosen or (sys.executable if local else None)
+
+
 def local_defaults(cores: int, config: JobConfig) -> dict[str, str]:
     """Settings for Spark on one machine (the job file's own ``spark.conf`` comes on top)."""
+    return {
+        # Spark's 200 shuffle partitions cost seconds of task overhead on one machine.
+        "spark.sql.shuffle.partitions": str(2 * cores),
+        JAVA_OPTIONS: driver_java_options(config, local=True),
+    }
+
+
+def driver_java_options(config: JobConfig, *, local: bool) -> str:
+    """The driver JVM's options: the file's, then (locally) ParallelGC, then the class archive."""
     java = config.spark_conf.get(JAVA_OPTIONS, "")
     options = [java] if java else []
-    if not re.search(r"-XX:\+Use\w+GC", java):
+    if local and not re.search(r"-XX:\+Use\w+GC", java):
         # G1's concurrent threads compete with the tasks on a small machine: a cold run of a
         # million listeners takes ~15% longer with it (2 cores).
         options.append("-XX:+UseParallelGC")
     if config.class_archive is not None:
         options.append(class_archive(config.class_archive))
-    return {
-        # Spark's 200 shuffle partitions cost seconds of task overhead on one machine.
-        "spark.sql.shuffle.partitions": str(2 * cores),
-        JAVA_OPTIONS: " ".join(options),
-    }
+    return " ".join(options)
 
 
 def class_archive(path: str) -> str:
@@ -109,6 +132,18 @@ def short(error: BaseException) -> str:
     first = text.split("\n", 1)[0]
     first = re.sub(r"\s*SQLSTATE: \w+.*$", "", first)
     return str(first[:600])
+
+
+def spark_failure(error: BaseException, spark: SparkSession) -> str:
+    """Why Spark failed, in a line; for a module the executors' Python lacks, which Python."""
+    text = short(error)
+    if re.match(r"(ModuleNotFoundError|ImportError): ", text):
+        python = getattr(spark.sparkContext, "pythonExec", None) or "python3"
+        text += (
+            f" (in the executors' Python, {python}: install the spark extra there, or name a"
+            f" Python that has it in the job file's [spark.conf] {PYTHON_SETTING!r})"
+        )
+    return text
 
 
 def hadoop_path(spark: SparkSession, path: str) -> tuple[Any, Any]:

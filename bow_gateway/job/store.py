@@ -202,3 +202,32 @@ class SnapshotStore:
 def new_snapshot_id() -> str:
     """A sortable, unique snapshot name: the UTC time and a random suffix."""
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + secrets.token_hex(2)
+
+
+def listpack_warnings(client: SyncClient, longest: int, listeners_per_bucket: int) -> list[str]:
+    """What to say when Redis would store buckets as hash tables (~2x the memory of listpacks):
+    criteria values up to ``longest`` bytes, about ``listeners_per_bucket`` per bucket."""
+    limits: dict[str, int] = {}
+    for name in ("entries", "value"):
+        for spelling in (f"hash-max-listpack-{name}", f"hash-max-ziplist-{name}"):
+            try:
+                reply = client.config_get(spelling)
+            except Exception:  # noqa: BLE001 - CONFIG may be disabled (managed Redis): no advice
+                return []
+            if spelling in reply:
+                limits[name] = int(str(reply[spelling]))
+                break
+    warnings = []
+    if "value" in limits and longest > limits["value"]:
+        warnings.append(
+            f"warning: criteria up to {longest} bytes exceed the Redis setting"
+            f" hash-max-listpack-value {limits['value']}: buckets holding them take more"
+            " memory; raise it (see docs/criteria-job.md)"
+        )
+    if "entries" in limits and listeners_per_bucket * 1.5 > limits["entries"]:
+        warnings.append(
+            f"warning: about {listeners_per_bucket} listeners per bucket (up to"
+            f" ~{int(listeners_per_bucket * 1.5)}) exceed hash-max-listpack-entries"
+            f" {limits['entries']}: raise it or lower snapshot.listeners_per_bucket"
+        )
+    return warnings

@@ -82,14 +82,32 @@ def write_partition(
     finally:
         writer.connections.release()
         client.close()
-    yield pyarrow.RecordBatch.from_pydict(
-        {
-            "commands": [writer.commands],
-            "listeners": [writer.listeners],
-            "removed": [writer.removed],
-        },
+    yield pyarrow.RecordBatch.from_arrays(
+        [_one_int64(writer.commands), _one_int64(writer.listeners), _one_int64(writer.removed)],
         schema=pyarrow.schema([(name, pyarrow.int64()) for name in STATS]),
     )
+
+
+# pyarrow imports pandas (~0.5 s, in every Python worker) as soon as it converts Python or numpy
+# values (pyarrow.array, from_pydict) or makes numpy arrays (to_numpy): the writers never do.
+
+
+def _one_int64(value: int) -> pyarrow.Array:
+    """A one-value int64 Arrow array, made from its buffer (see above)."""
+    import numpy
+    import pyarrow
+
+    data = pyarrow.py_buffer(numpy.array([value], dtype=numpy.int64))
+    return pyarrow.Array.from_buffers(pyarrow.int64(), 1, [None, data])
+
+
+def _values(array: pyarrow.Array, dtype: Any) -> Any:
+    """The values of a fixed-width Arrow array without NULLs, as a numpy view (see above)."""
+    import numpy
+
+    return numpy.frombuffer(array.buffers()[1], dtype=dtype)[
+        array.offset : array.offset + len(array)
+    ]
 
 
 class _Connections:
@@ -190,8 +208,8 @@ class _Writer:
             table, sort_keys=[("op", "ascending"), ("bucket", "ascending")]
         )
         table = table.take(order).combine_chunks()
-        ops = table.column("op").to_numpy()
-        buckets = table.column("bucket").to_numpy()
+        ops = _values(table.column("op").chunk(0), numpy.int8)
+        buckets = _values(table.column("bucket").chunk(0), numpy.int32)
         entry = table.column("entry").chunk(0)
         width = numpy.int64 if pyarrow.types.is_large_binary(entry.type) else numpy.int32
         offsets = numpy.frombuffer(entry.buffers()[1], dtype=width)[
