@@ -187,6 +187,7 @@ async def test_watch_yields_none_for_a_snapshot_and_ids_for_changes(
         assert await asyncio.wait_for(anext(changes), 5) == ["alice", 7]
         # Redis goes away and comes back: notifications may have been missed, so None.
         server.restart()
+        client.connection_pool.disconnect()  # the test's own connection died with the server
         assert await asyncio.wait_for(anext(changes), 10) is None
         client.publish(LAYOUT.changes_channel, ids_message([id_field("bob")]))
         assert await asyncio.wait_for(anext(changes), 5) == ["bob"]
