@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from engineio import packet as eio_packet
 
 from ..ratelimit import rate_limited
 from .websocket import websocket_frame
-
-if TYPE_CHECKING:
-    from .transport import LeanSocket
 
 logger = rate_limited("bow_gateway.transport")
 
@@ -20,6 +17,14 @@ PING_TICK: Final = 0.5
 """Seconds between two ticks of the ping wheel: a socket's ping is sent on the first tick after
 its ``ping_interval`` (at most this much later)."""
 PING_FRAME: Final = websocket_frame(eio_packet.Packet(eio_packet.PING).encode().encode())
+
+
+class Pinged(Protocol):
+    """A socket the wheel pings (a :class:`~.transport.LeanSocket`)."""
+
+    sid: str
+
+    def _ping(self) -> None: ...
 
 
 class PingWheel:
@@ -31,7 +36,7 @@ class PingWheel:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._due: dict[float, set[LeanSocket]] = {}
+        self._due: dict[float, set[Pinged]] = {}
 
     @staticmethod
     def of(server: Any) -> PingWheel:
@@ -42,7 +47,7 @@ class PingWheel:
             wheel = server._bow_ping_wheel = PingWheel(loop)
         return wheel
 
-    def add(self, socket: LeanSocket, delay: float) -> float:
+    def add(self, socket: Pinged, delay: float) -> float:
         """Ping ``socket`` at the first tick ``delay`` s from now; that tick."""
         tick = math.ceil((self.loop.time() + delay) / PING_TICK) * PING_TICK
         sockets = self._due.get(tick)
@@ -52,7 +57,7 @@ class PingWheel:
         sockets.add(socket)
         return tick
 
-    def discard(self, socket: LeanSocket, tick: float) -> None:
+    def discard(self, socket: Pinged, tick: float) -> None:
         sockets = self._due.get(tick)
         if sockets is not None:
             sockets.discard(socket)
