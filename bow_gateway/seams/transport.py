@@ -7,8 +7,8 @@ and a task per socket per ping: at 10,000 sockets, most of the gateway's objects
 idle CPU. :class:`LeanSocket` keeps engineio's protocol and its server's bookkeeping, and
 replaces that machinery for the websocket transport: one reader loop (the websocket's own
 request task, inlined in engineio's websocket handler; a client that stops answering pings is
-closed by engineio's service task), packets written straight to the transport, pings from a
-timer. Long-polling
+closed by engineio's service task), packets written straight to the transport, pings from one
+timer per tick for all sockets (:mod:`.pings`). Long-polling
 sockets keep engineio's queue, with bounds: a poll response carries at most what python-engineio's
 client accepts, the queue is counted in bytes, and a client that stops polling is dropped.
 
@@ -36,6 +36,7 @@ from engineio.async_socket import AsyncSocket
 from engineio.payload import Payload
 
 from ..ratelimit import TokenBucket, rate_limited
+from .pings import PING_FRAME, PingWheel
 from .websocket import websocket_frame
 
 logger = rate_limited("bow_gateway.transport")
@@ -97,7 +98,7 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
     queued_bytes: int = 0
     """What waits in engineio's queue for a long-poll, in bytes (:data:`PACKET_OVERHEAD` each)."""
     _websocket: Any = None
-    _ping_timer: asyncio.TimerHandle | None = None
+    _ping_due: float | None = None  # the tick of the ping wheel this socket is pinged at
     _poll_timer: asyncio.TimerHandle | None = None
     _closer: asyncio.Future[Any] | None = None
     _incoming: TokenBucket | None = None
@@ -143,18 +144,17 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             return
         if self.last_ping:  # the previous ping was answered (or none was sent)
             self.last_ping = None
-            loop = asyncio.get_running_loop()
-            self._ping_timer = loop.call_later(self.server.ping_interval, self._ping)
+            self._ping_due = PingWheel.of(self.server).add(self, self.server.ping_interval)
 
     def _ping(self) -> None:
-        self._ping_timer = None
+        self._ping_due = None
         if self.closing or self.closed:
             return
         self.last_ping = time.time()
         if self._websocket is None:
             self.queue.put_nowait(eio_packet.Packet(eio_packet.PING))  # long-polling
         else:
-            self.write(_frame_of(eio_packet.Packet(eio_packet.PING)))
+            self.write(PING_FRAME)
 
     async def poll(self) -> list[eio_packet.Packet]:
         """What waits for a long-poll, bounded by :data:`POLL_PACKETS` and :data:`POLL_BYTES`:
@@ -277,9 +277,9 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
         await self.close(wait=False, abort=abort, reason=reason)
 
     async def close(self, wait: bool = True, abort: bool = False, reason: Any = None) -> None:
-        if self._ping_timer is not None:
-            self._ping_timer.cancel()
-            self._ping_timer = None
+        if self._ping_due is not None:
+            PingWheel.of(self.server).discard(self, self._ping_due)
+            self._ping_due = None
         self._cancel_poll_timer()
         was_open = not (self.closing or self.closed)
         await super().close(wait=wait, abort=abort, reason=reason)
