@@ -7,7 +7,10 @@ in-process backplane, or with ``--redis URL`` one instance of a gateway whose in
 share that Redis (``redis_bench.py`` starts one or two of them). Once serving, it prints one JSON
 line on stdout (``{"port": ..., "pid": ...}``), then runs until SIGTERM, SIGINT or the end of its
 stdin (so it never outlives the benchmark). SIGUSR1 starts cProfile, SIGUSR2 stops it and writes
-the stats to the file given with ``--profile``.
+the stats to the file given with ``--profile``. For ``history_bench.py``: ``--history JSON`` (the
+``[[history]]`` rules, as ``BOW_HISTORY`` takes them) and ``--envelope`` (the inbound takes
+``{"name", "payload", "audience"}`` or a JSON list of them, a batch, instead of the pass-through
+body).
 
 It also takes commands, one a line, on its stdin, and answers each with one JSON line on stdout:
 ``gc`` (the cyclic garbage collector's collections per generation since the last ``gc``: count,
@@ -37,8 +40,12 @@ import resource
 import signal
 import sys
 import time
+from typing import Any
 
-from bow_gateway.inbounds.passthrough import create_message_from_request_body
+from bow_gateway.inbounds.passthrough import (
+    create_message_from_envelope,
+    create_message_from_request_body,
+)
 from bow_gateway.middlewares.claims import criteria_from_claim
 from bow_gateway.outbounds.jwt import JwtOutbound
 
@@ -58,8 +65,10 @@ def build(
     namespace: str = "bow",
     port: int = 0,
     gc_freeze: bool = True,
+    history: list[dict[str, Any]] | None = None,
+    envelope: bool = False,
 ) -> Bow:
-    config = {
+    config: dict[str, Any] = {
         "port": port,
         "host": host,
         "gc_freeze": gc_freeze,  # as under `bow-gateway serve`
@@ -69,12 +78,16 @@ def build(
         "outbound": {"timeout": auth_timeout, "max_buffered_bytes": max_buffered_bytes},
         "middleware": {"log_interval": None},
     }
+    if history is not None:
+        config["history"] = history
     return (
         Bow(config)
         .middleware(version="v1.1", create_criteria_from_listener_details=criteria_from_claim())
         .inbound(
             path=PATH,
-            create_message_from_request_body=create_message_from_request_body,
+            create_message_from_request_body=(
+                envelopes if envelope else create_message_from_request_body
+            ),
             middleware_version="v1.1",
         )
         .outbound(
@@ -83,6 +96,13 @@ def build(
             middleware_version="v1.1",
         )
     )
+
+
+def envelopes(body: Any) -> Any:
+    """An envelope ``{"name", "payload", "audience"}``, or a list of them (a batch)."""
+    if isinstance(body, list):
+        return [create_message_from_envelope(item) for item in body]
+    return create_message_from_envelope(body)
 
 
 class GcClock:
@@ -224,6 +244,8 @@ async def serve(args: argparse.Namespace) -> None:
         args.namespace,
         args.port,
         gc_freeze=not args.no_gc_freeze,
+        history=json.loads(args.history) if args.history else None,
+        envelope=args.envelope,
     )
     await bow.start()
     probe = StallProbe()
@@ -294,6 +316,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0, help="0: any free port")
     parser.add_argument(
         "--no-gc-freeze", action="store_true", help="gc_freeze off (`serve` turns it on)"
+    )
+    parser.add_argument("--history", help="the [[history]] rules, as a JSON list of tables")
+    parser.add_argument(
+        "--envelope", action="store_true", help="the inbound takes envelopes, or lists of them"
     )
     args = parser.parse_args()
     raise_open_files_limit()

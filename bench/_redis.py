@@ -2,7 +2,9 @@
 
 ``RedisServer()`` picks a free port, starts ``redis-server --port <free> --save '' --appendonly no``
 bound to 127.0.0.1, waits until it answers ``PING`` and ``stop()`` shuts it down (SIGTERM, then
-SIGKILL). Use it as a context manager.
+SIGKILL). Use it as a context manager. ``RedisServer(aof=True)`` persists instead, as a production
+Redis would: ``--appendonly yes --appendfsync everysec`` in a temporary directory of its own
+(``--dir``), removed by ``stop()``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 SHARED_PORT = 6379
@@ -37,12 +40,17 @@ def _ping(port: int) -> bool:
 
 
 class RedisServer:
-    """One redis-server process of our own, without persistence."""
+    """One redis-server process of our own, without persistence (``aof``: with an AOF)."""
 
-    def __init__(self, cpu: int | None = None) -> None:
+    def __init__(self, cpu: int | None = None, aof: bool = False) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise SystemExit("redis-server is not on PATH")
+        self.aof = aof
+        self.dir = tempfile.mkdtemp(prefix="bench-redis-") if aof else None
+        persistence = ["--appendonly", "no"]
+        if self.dir is not None:
+            persistence = ["--appendonly", "yes", "--appendfsync", "everysec", "--dir", self.dir]
         for _ in range(5):  # another process may take the free port before redis-server binds it
             self.port = free_port()
             command = [
@@ -53,8 +61,7 @@ class RedisServer:
                 "127.0.0.1",
                 "--save",
                 "",
-                "--appendonly",
-                "no",
+                *persistence,
                 "--daemonize",
                 "no",
                 "--loglevel",
@@ -72,10 +79,16 @@ class RedisServer:
                     self.url = f"redis://127.0.0.1:{self.port}/0"
                     return
                 time.sleep(0.05)
-            self.stop()
+            self._halt()
+        self.stop()
         raise SystemExit("could not start a private redis-server")
 
     def stop(self) -> None:
+        self._halt()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _halt(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
