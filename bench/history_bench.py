@@ -61,10 +61,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import _common as common
@@ -353,14 +355,52 @@ def start_part(args: argparse.Namespace, redis: RedisServer, name: str) -> Part:
     if args.quiet > 0:
         common.wait_for_quiet(args.quiet)
     namespace = f"hist-{name}"
-    extra = ["--envelope", "--history", json.dumps(history_rules(args))]
-    gateways = fanout.start_variant(fanout.Variant(2), redis, namespace, extra)
-    pid = gateways.pids[0]
+    command = [sys.executable, str(redis_bench.HERE / "_gateway.py"), "--namespace", namespace]
+    command += ["--redis", redis.url, "--envelope", "--history", json.dumps(history_rules(args))]
+    env = dict(os.environ)
+    paths = [p for p in (args.pythonpath, args.source) if p]
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    process = subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=args.source or None
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line:
+        process.wait(5)
+        raise SystemExit(f"the gateway did not start (exit status {process.returncode})")
+    started = json.loads(line)
+    port, pid = started["port"], started["pid"]
+    if args.source and not started.get("bow_gateway", "").startswith(args.source):
+        process.kill()
+        raise SystemExit(f"the gateway imported {started.get('bow_gateway')}, not --gateway's")
+    url = f"http://127.0.0.1:{port}"
+    gateways = redis_bench.Gateways(
+        description=f"_gateway.py pid {pid}",
+        processes=[process],
+        pids=[pid],
+        socket_urls=[url],
+        post_urls=[url + gateway.PATH],
+        version=gateway.OUTBOUND_VERSION,
+        secret=gateway.SECRET,
+        user=gateway.USER,
+        password=gateway.PASSWORD,
+        controllable=True,
+    )
     fanout.pin_gateway(pid, args.server_cpu)
-    port = int(gateways.socket_urls[0].rsplit(":", 1)[1])
     print(f"\n== {name}: _gateway.py pid {pid} on port {port}, pinned to CPU {args.server_cpu}")
     print(f"   namespace {namespace!r}, history {json.dumps(history_rules(args))}", flush=True)
     return Part(gateways, port, pid, namespace)
+
+
+def parser_of(args: argparse.Namespace) -> str:
+    """Whether redis-py finds hiredis where the gateway runs."""
+    env = dict(os.environ)
+    if args.pythonpath:
+        env["PYTHONPATH"] = args.pythonpath
+    code = "from redis.utils import HIREDIS_AVAILABLE as h; print('hiredis' if h else 'Python')"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    return out.stdout.strip() or out.stderr.strip()[-200:]
 
 
 def pct(seconds: float, wall: float) -> str:
@@ -770,6 +810,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="py-spy record the gateway over the retain window (.svg flame graph, .json "
         "speedscope, .txt collapsed stacks)",
     )
+    parser.add_argument(
+        "--gateway",
+        help="run another checkout's gateway (e.g. /tmp/bow-HEAD from `git archive`) rather "
+        "than this working tree's",
+    )
+    parser.add_argument(
+        "--pythonpath", help="a directory put first on the gateway's PYTHONPATH (e.g. hiredis)"
+    )
     args = parser.parse_args(argv)
     args.parts = [p for p in args.parts.split(",") if p]
     unknown = set(args.parts) - {"retain", "replay", "memory"}
@@ -779,7 +827,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("two CPUs are needed: one for the gateway, one for the load generator")
     redis_bench.raise_open_files_limit()
     print(common.environment(["aiohttp", "redis", "orjson"]))
-    print(f"bow_gateway: {redis_bench.git_state()}")
+    workdir = tempfile.mkdtemp(prefix="history-bench-")
+    args.source = None
+    if args.gateway:
+        import attack_bench  # here: it imports fanout_bench
+
+        layout = attack_bench.package_layout(Path(args.gateway), Path(workdir) / "gateway")
+        args.source = str(layout)
+        print(f"bow_gateway: {args.gateway} (--gateway)")
+    else:
+        print(f"bow_gateway: {redis_bench.git_state()}")
+    if args.pythonpath:
+        print(
+            f"the gateway's PYTHONPATH starts with {args.pythonpath}: {os.listdir(args.pythonpath)}"
+        )
+    print(f"the gateway's redis-py parser: {parser_of(args)}")
     os.sched_setaffinity(0, {args.client_cpu})
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     with RedisServer(cpu=args.client_cpu, aof=True) as redis:
@@ -789,7 +851,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"(this process, pid {os.getpid()}) on CPU {args.client_cpu}"
         )
         gc.freeze()
-        ok = asyncio.run(bench(args, redis))
+        try:
+            ok = asyncio.run(bench(args, redis))
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
     print(f"\nload average now: {common.load_average()}")
     if not ok:
         print("FAILED: see above (a target missed, or messages lost)")
