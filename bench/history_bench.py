@@ -185,8 +185,8 @@ class Subscriber(fanout.LeanClient):
         return waiter
 
 
-async def subscribe(port: int, topic: str, listener: str) -> Subscriber:
-    token = mint(listener, gateway.SECRET, criteria={"room": 1})
+async def subscribe(port: int, topic: str, listener: str, room: int = 1) -> Subscriber:
+    token = mint(listener, gateway.SECRET, criteria={"room": room})
     client = Subscriber(f"127.0.0.1:{port}", token, topic)
     loop = asyncio.get_running_loop()
     await loop.create_connection(lambda: client, "127.0.0.1", port)
@@ -276,6 +276,20 @@ async def fill(
             )
         )
     return posting, time.monotonic() - started
+
+
+async def caught_up(url: str, probe: Subscriber, limit: float = 120.0) -> float:
+    """POST one message to ``probe`` alone and wait for it: the gateway's consumer, which reads
+    the event stream in order, has then read everything published before. The time it took."""
+    started = time.monotonic()
+    count = probe.count
+    async with session_for(1) as session:
+        body = b"[" + envelope(probe.topic, monotonic_ns(), [{"room": 3}]) + b"]"
+        async with session.post(url, data=body) as response:
+            await response.read()
+    while probe.count == count and time.monotonic() - started < limit and not probe.lost:
+        await asyncio.sleep(0.05)
+    return time.monotonic() - started
 
 
 async def fill_topics(url: str, topics: int, batch: int) -> Posting:
@@ -407,7 +421,8 @@ def pct(seconds: float, wall: float) -> str:
     return f"{100 * seconds / wall:.0f}%" if wall > 0 else "-"
 
 
-def py_spy(pid: int, seconds: float, output: str) -> subprocess.Popen[bytes] | None:
+def py_spy(pid: int, seconds: float | None, output: str) -> subprocess.Popen[bytes] | None:
+    """``py-spy record`` of ``pid`` for ``seconds`` (None: until SIGINT) into ``output``."""
     binary = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     if not os.path.exists(binary):
         print("  (py-spy is not installed: `.venv/bin/pip install py-spy`; no profile)")
@@ -415,8 +430,8 @@ def py_spy(pid: int, seconds: float, output: str) -> subprocess.Popen[bytes] | N
     fmt = "speedscope" if output.endswith(".json") else "flamegraph"
     if output.endswith(".txt"):
         fmt = "raw"
-    command = [binary, "record", "-p", str(pid), "-d", str(max(1, round(seconds))), "-o", output]
-    command += ["-f", fmt, "-r", "250", "--nonblocking"]
+    command = [binary, "record", "-p", str(pid), "-o", output, "-f", fmt, "-r", "250"]
+    command += ["--nonblocking"] + ([] if seconds is None else ["-d", str(max(1, round(seconds)))])
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -561,6 +576,12 @@ async def retain_part(args: argparse.Namespace, redis: RedisServer, client: Redi
     return ok
 
 
+def replay_file(output: str) -> str:
+    """``/tmp/gw.svg`` -> ``/tmp/gw-replay.svg``."""
+    stem, dot, extension = output.rpartition(".")
+    return f"{stem}-replay.{extension}" if dot and "/" not in extension else output + "-replay"
+
+
 def fanout_percentiles(values: Sequence[int]) -> tuple[float, float]:
     return common.percentile(values, 0.5), common.percentile(values, 0.99)
 
@@ -569,6 +590,7 @@ async def replay_part(args: argparse.Namespace, redis: RedisServer, client: Redi
     part = start_part(args, redis, "replay")
     ok = True
     try:
+        probe = await subscribe(part.port, "chat/probe", "probe", room=3)
         posting, took = await fill(part.url, REPLAYED, args.fill, 1000, args.posters, AUDIENCE)
         key = f"{{{part.namespace}}}:topic:{REPLAYED}"
         length = int(await client.xlen(key))
@@ -579,16 +601,19 @@ async def replay_part(args: argparse.Namespace, redis: RedisServer, client: Redi
             "MiB)",
             flush=True,
         )
-        await asyncio.sleep(1.0)  # the consumer reads the fill meanwhile: let it finish
+        lag = await caught_up(part.url, probe)  # else the replayer would get the fill live
+        print(f"  the gateway's consumer had read the fill {lag:.1f} s later", flush=True)
         subscriber = await subscribe(part.port, REPLAYED, "replayer")
         await asyncio.sleep(0.5)
         rows = []
         start, rates = 0, []
+        spy = py_spy(part.pid, None, replay_file(args.py_spy)) if args.py_spy else None
         total_count, total_wall, total_gw, total_redis = 0, 0.0, 0.0, 0.0
         while True:
             await part.command("stall")
             gw0 = (await part.command("cpu"))["cpu_ns"]
-            redis0, count0 = common.cpu_seconds(redis.pid), subscriber.count
+            redis0, count0 = common.cpu_seconds(redis.pid), subscriber.replayed
+            live0 = subscriber.count - subscriber.replayed
             started = monotonic_ns()
             result = await asyncio.wait_for(
                 subscriber.replay({"topic": REPLAYED, "start": start}), 120
@@ -597,10 +622,14 @@ async def replay_part(args: argparse.Namespace, redis: RedisServer, client: Redi
             gw = ((await part.command("cpu"))["cpu_ns"] - gw0) / 1e9
             redis_cpu = common.cpu_seconds(redis.pid) - redis0
             stall = (await part.command("stall"))["stall"]["longest"]
-            got = subscriber.count - count0
+            got = subscriber.replayed - count0
+            live = subscriber.count - subscriber.replayed - live0
             count = result.get("count") if isinstance(result, dict) else None
-            if count != got:
-                print(f"  FAILED: the ack says {result}, the client received {got:,} events")
+            if count != got or live:
+                print(
+                    f"  FAILED: the ack says {result}, the client received {got:,} replayed "
+                    f"events and {live:,} live ones"
+                )
                 ok = False
             rates.append(got / wall)
             rows.append(
@@ -620,6 +649,10 @@ async def replay_part(args: argparse.Namespace, redis: RedisServer, client: Redi
             if not got or subscriber.last_replayed >= length:
                 break
             start = subscriber.last_replayed + 1
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
+            print(f"  py-spy profile of the gateway over the replays: {replay_file(args.py_spy)}")
         headers = [
             "start",
             "replayed",
@@ -808,7 +841,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--py-spy",
         metavar="FILE",
         help="py-spy record the gateway over the retain window (.svg flame graph, .json "
-        "speedscope, .txt collapsed stacks)",
+        "speedscope, .txt collapsed stacks), and over the replays (FILE with -replay)",
     )
     parser.add_argument(
         "--gateway",
