@@ -731,7 +731,7 @@ async def memory_part(args: argparse.Namespace, redis: RedisServer, client: Redi
                 f"MEMORY USAGE {events} (+{xlen1 - xlen0:,} entries)",
                 f"{(events1 - events0) / 2**20:,.1f} MiB",
                 f"{per_entry_main:,.0f}",
-                f"every event, kept or not; bounded by backplane.max_len ({xlen1:,} entries now)",
+                f"every event, kept or not; at most ~backplane.max_len entries ({xlen1:,} now)",
             ],
         ]
         print(common.table(["measure", "total", "bytes per message", "what"], rows))
@@ -763,28 +763,28 @@ async def memory_part(args: argparse.Namespace, redis: RedisServer, client: Redi
         )
         rows = [
             [
-                "used_memory, 1 message each",
-                f"{(after - before) / 2**20:,.1f} MiB",
-                f"{(after - before) / t:,.0f}",
-                "topic key + its entry + sequences field + the event stream's entry",
+                "used_memory, after - before, less the event stream's change",
+                f"{(after - before - main_share) / 2**20:,.1f} MiB",
+                f"{(after - before - main_share) / t:,.0f}",
+                "a topic of one message: its stream key, the entry, its sequences field",
             ],
             [
-                "  of which the event stream",
-                f"{main_share / 2**20:,.1f} MiB",
-                f"{main_share / t:,.0f}",
-                "MEMORY USAGE of {ns}:events, after - before",
-            ],
-            [
-                "  of which {ns}:sequences",
+                "  of which {ns}:sequences (MEMORY USAGE)",
                 f"{hash_share / 2**20:,.2f} MiB",
                 f"{hash_share / t:,.0f}",
-                "one field per topic (MEMORY USAGE, after - before)",
+                "the topic's field in the hash of last sequences",
             ],
             [
-                "used_memory, emptied topics",
+                "the same, once emptied",
                 f"{(emptied - before - main_share) / 2**20:,.1f} MiB",
                 f"{(emptied - before - main_share) / t:,.0f}",
-                "an empty topic: its stream key + its sequences field (event stream excluded)",
+                "an empty topic: its stream key and its sequences field",
+            ],
+            [
+                "the event stream's change (MEMORY USAGE)",
+                f"{main_share / 2**20:,.1f} MiB",
+                f"{main_share / t:,.0f}",
+                "~0 once it is at max_len: it trims as much as it takes",
             ],
             [
                 "MEMORY USAGE of one topic key",
