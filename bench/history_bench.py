@@ -417,6 +417,34 @@ def parser_of(args: argparse.Namespace) -> str:
     return out.stdout.strip() or out.stderr.strip()[-200:]
 
 
+def redis_latency(port: int, seconds: float) -> subprocess.Popen[str] | None:
+    """``redis-cli --latency --raw -i seconds``: one line, min max avg (ms) and samples."""
+    if shutil.which("redis-cli") is None:
+        return None
+    command = [
+        "redis-cli",
+        "-p",
+        str(port),
+        "--latency",
+        "--raw",
+        "-i",
+        str(max(1, round(seconds))),
+    ]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def latency_text(process: subprocess.Popen[str] | None) -> str:
+    if process is None:
+        return "redis-cli is not on PATH"
+    try:
+        out, _ = process.communicate(timeout=30)
+        low, high, mean, samples = out.split()[:4]
+    except (subprocess.TimeoutExpired, ValueError):
+        process.kill()
+        return "no answer"
+    return f"min {low} ms, avg {mean} ms, max {high} ms over {int(samples):,} PINGs"
+
+
 def pct(seconds: float, wall: float) -> str:
     return f"{100 * seconds / wall:.0f}%" if wall > 0 else "-"
 
@@ -474,6 +502,7 @@ async def retain_part(args: argparse.Namespace, redis: RedisServer, client: Redi
         subscriber.record = posting.record = True
         started = time.monotonic()
         spy = py_spy(part.pid, args.duration, args.py_spy) if args.py_spy else None
+        latency = redis_latency(redis.port, args.duration)
         await asyncio.sleep(args.duration)
         wall = time.monotonic() - started
         accepted, delivered = posting.accepted - accepted0, subscriber.count - delivered0
@@ -550,6 +579,7 @@ async def retain_part(args: argparse.Namespace, redis: RedisServer, client: Redi
         print(common.table(["command", "calls", "µs/call", "of wall"], stat_rows))
         rewrites = int(persistence1["aof_rewrites"]) - int(persistence0["aof_rewrites"])
         delayed = int(persistence1["aof_delayed_fsync"]) - int(persistence0["aof_delayed_fsync"])
+        print(f"  redis-cli --latency over the window (PING round trips): {latency_text(latency)}")
         print(
             f"  AOF: {rewrites} rewrite(s) during the window, {delayed} delayed fsync(s); "
             f"AOF now {int(persistence1.get('aof_current_size', 0)) / 2**20:,.0f} MiB"
