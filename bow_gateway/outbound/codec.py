@@ -4,6 +4,7 @@ protocol 2 adds ``meta`` to events, a result to acks and ``info`` to alerts), an
 
 from __future__ import annotations
 
+import abc
 from typing import Any, Final, Protocol
 
 from ..codes import Code
@@ -96,7 +97,7 @@ class SocketIO:
         return gateway_event(name, meta)
 
 
-class FramedCodec:
+class FramedCodec(abc.ABC):
     """The codec of a protocol served on a plain WebSocket (Flywheel, Gobbler): its packets are
     whole frames, no positions, and a fatal alert is the close frame its endpoint sends with
     the code (``Connection.farewell``). Subclasses frame a message and a non-fatal notice."""
@@ -112,8 +113,9 @@ class FramedCodec:
         frame = self.replayed(event, position)
         return frame, frame
 
+    @abc.abstractmethod
     def replayed(self, event: MessageEvent, position: str) -> bytes:
-        raise NotImplementedError
+        """One message as a whole frame."""
 
     def frame(self, packet: bytes) -> bytes:
         return packet
@@ -129,9 +131,9 @@ class FramedCodec:
     ) -> bytes:
         return b"" if fatal else self.notice(code, text, session)
 
+    @abc.abstractmethod
     def notice(self, code: Code, text: str, session: str | None) -> bytes:
         """A non-fatal alert (4100), in the protocol's own words."""
-        raise NotImplementedError
 
     def gateway_event(self, name: str, meta: dict[str, Any]) -> bytes:
         return b""  # no positions in these protocols
