@@ -456,13 +456,15 @@ async def test_a_batch_goes_in_one_pipeline_however_large(
     await reader.connect()
     collector = Collector(reader)
     sent: list[int] = []
-    xadd = writer._xadd
+    stream = writer._writer
+    assert stream is not None
+    xadd = stream._xadd
 
-    async def counted(events: list[bytes]) -> list[Any]:
+    async def counted(events: list[Any]) -> list[Any]:
         sent.append(len(events))
         return await xadd(events)
 
-    writer._xadd = counted  # type: ignore[method-assign]
+    stream._xadd = counted  # type: ignore[method-assign]
     events = [f"{n:03} ".encode() + b"x" * 100 for n in range(40)]  # 4 times both limits
     await writer.publish_many(events)
     assert sent == [40]

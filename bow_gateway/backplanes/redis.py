@@ -18,10 +18,9 @@ import asyncio
 import logging
 import secrets
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import Any, Final, TypeAlias, TypeVar
+from typing import Any, Final, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.retry import Retry
@@ -51,6 +50,7 @@ from .redis_ids import (
 )
 from .redis_instances import FAILURES, Instances
 from .redis_scripts import Scripts
+from .redis_writer import Out, StreamWriter
 
 RESYNC_INTERVAL: Final = 1.0
 """Seconds between two looks (``XINFO STREAM``) at a stream read without interruption."""
@@ -62,10 +62,6 @@ Client = Redis | RedisCluster
 FIELD = b"d"
 POSITION_FIELD = b"p"  # a topic history's entry: where the event is in the stream
 _FAILURES = FAILURES
-_Out: TypeAlias = tuple[bytes, Retention | None]
-_Group: TypeAlias = tuple[list[_Out], asyncio.Future[list[tuple[str, int | None]]]]
-"""The events of one publish, in order, and their positions (and sequences, for those kept in
-a topic's history) once Redis has taken them all."""
 
 
 class _Stopped(Exception):
@@ -120,11 +116,7 @@ class RedisBackplane(Backplane):
         self._healthy = False
         self._readers: set[asyncio.Task[Any]] = set()  # tasks inside a read disconnect() ends
         self._interrupted: set[asyncio.Task[Any]] = set()  # those disconnect() has cancelled
-        self._pending: list[_Group] = []  # published, not yet sent
-        self._writer: asyncio.Task[None] | None = None  # sends the pending events, then ends
-        # publishes awaited, oldest first, with their deadlines: one timer for all of them
-        self._deadlines: deque[tuple[float, asyncio.Future[list[tuple[str, int | None]]]]] = deque()
-        self._watchdog: asyncio.TimerHandle | None = None
+        self._writer: StreamWriter | None = None
 
     @property
     def ready(self) -> bool:
@@ -153,6 +145,17 @@ class RedisBackplane(Backplane):
             raise
         self._connected_at = Cursor(self._cursor.last, self._cursor.seen, self._cursor.epoch)
         self._client, self._scripts, self._closers, self._healthy = client, scripts, closers, True
+        self._writer = StreamWriter(
+            scripts,
+            key=self.key,
+            epoch_key=self.epoch_key,
+            sequences_key=self.sequences_key,
+            topic_prefix=self.topic_key(""),
+            max_len=self._max_len,
+            batch=self._batch,
+            batch_bytes=self._batch_bytes,
+            publish_timeout=self._publish_timeout,
+        )
         interval, live_for = self._heartbeat
         self._instances = Instances(
             client, scripts, self.namespace, self.instance_id, interval, live_for
@@ -171,14 +174,10 @@ class RedisBackplane(Backplane):
         instances, self._instances = self._instances, None
         try:
             if self._writer is not None:
-                await asyncio.wait({self._writer})
+                await self._writer.drain()
             if instances is not None:
                 await instances.stop()
         finally:
-            if self._watchdog is not None:  # every publish awaited was settled by the writer
-                self._watchdog.cancel()
-                self._watchdog = None
-            self._deadlines.clear()
             for close in self._closers:
                 await close()
 
@@ -241,20 +240,14 @@ class RedisBackplane(Backplane):
             raise BackplaneUnavailable("the gateway is not connected to Redis")
         return self._client
 
-    async def _publish(self, events: list[_Out]) -> list[tuple[str, int | None]]:
-        client = self._client
-        if client is None:
+    async def _publish(self, events: list[Out]) -> list[tuple[str, int | None]]:
+        writer = self._writer
+        if self._client is None or writer is None:
             raise BackplaneUnavailable("the gateway is not connected to Redis")
         if not events:
             return []
-        loop = asyncio.get_running_loop()
-        written: asyncio.Future[list[tuple[str, int | None]]] = loop.create_future()
-        self._pending.append((events, written))
-        if self._writer is None:
-            self._writer = asyncio.ensure_future(self._write(client))
-        self._watch(loop, written)
         try:
-            positions = await written  # failed by the watchdog when late: the writer skips it
+            positions = await writer.write(events)
         except TimeoutError as exc:
             self._lost(exc, "writing to")
             raise BackplaneUnavailable(f"Redis did not take {_what(events)}: {exc}") from None
@@ -356,96 +349,7 @@ class RedisBackplane(Backplane):
             raise BackplaneUnavailable("the gateway is not connected to Redis")
         return self._instances
 
-    def _watch(
-        self, loop: asyncio.AbstractEventLoop, written: asyncio.Future[list[tuple[str, int | None]]]
-    ) -> None:
-        """Fail ``written`` with ``TimeoutError`` if it is not done within ``publish_timeout``:
-        one timer for every publish awaited (an ``asyncio.timeout`` each cost a timer, its
-        cancellation and a heap operation per message), armed for the oldest."""
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][1].done():
-            deadlines.popleft()
-        deadlines.append((loop.time() + self._publish_timeout, written))
-        if self._watchdog is None:
-            self._watchdog = loop.call_at(deadlines[0][0], self._expire, loop)
-
-    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._watchdog = None
-        deadlines, now = self._deadlines, loop.time()
-        while deadlines and (deadlines[0][1].done() or deadlines[0][0] <= now):
-            written = deadlines.popleft()[1]
-            if not written.done():
-                written.set_exception(TimeoutError(f"no answer within {self._publish_timeout}s"))
-        if deadlines:
-            self._watchdog = loop.call_at(deadlines[0][0], self._expire, loop)
-
     # -- Redis commands -----------------------------------------------------------------------
-
-    async def _write(self, client: Client) -> None:
-        """Send the pending events, a pipeline at a time, until none is left."""
-        batch: list[_Group] = []
-        try:
-            while self._pending:
-                batch = self._next_batch()
-                if not batch:  # every publisher of these gave up
-                    continue
-                events = [data for group, _ in batch for data in group]
-                try:
-                    async with asyncio.timeout(self._publish_timeout):
-                        results = await self._xadd(events)
-                except TimeoutError:
-                    late = TimeoutError(f"no answer within {self._publish_timeout}s")
-                    results = [late] * len(events)
-                except Exception as exc:  # noqa: BLE001 - each publisher raises it
-                    results = [exc] * len(events)
-                start = 0
-                for group, written in batch:
-                    answers, start = results[start : start + len(group)], start + len(group)
-                    if not written.done():
-                        _settle(written, answers)
-        finally:
-            self._writer = None
-            for _, written in [*batch, *self._pending]:  # cancelled midway: no one will send them
-                if not written.done():
-                    written.set_exception(OSError("the writer was stopped"))
-
-    def _next_batch(self) -> list[_Group]:
-        """The oldest pending groups still awaited, within ``batch`` events and ``batch_bytes``
-        (the first group whole, however large: a group is never split)."""
-        batch: list[_Group] = []
-        count = size = taken = 0
-        for events, written in self._pending:
-            more = sum(len(data) for data, _ in events)
-            if batch and (count + len(events) > self._batch or size + more > self._batch_bytes):
-                break
-            taken += 1
-            if not written.done():  # else its publisher gave up: not sent
-                batch.append((events, written))
-                count, size = count + len(events), size + more
-        del self._pending[:taken]
-        return batch
-
-    async def _xadd(self, events: list[_Out]) -> list[Any]:
-        """Run the publish script once for all ``events`` (each event a command of its own cost
-        the gateway a command to pack and an answer to parse); each event's answer:
-        ``(epoch value, id, sequence)``, the sequence 0 for an event not kept."""
-        assert self._scripts is not None
-        keys = [self.key, self.epoch_key, self.sequences_key]
-        histories: dict[str, int] = {}
-        args: list[Any] = [secrets.token_hex(6), self._max_len, len(self.topic_key("").encode())]
-        for data, retention in events:
-            if retention is None:
-                args += [data, ""]
-                continue
-            key = self.topic_key(retention.topic)
-            index = histories.get(key)
-            if index is None:
-                keys.append(key)
-                index = histories[key] = len(keys)
-            max_age_ms = max(1, round(retention.max_age * 1000))
-            args += [data, f"{index},{retention.max_count},{max_age_ms}"]
-        value, *answers = await self._scripts.run("publish", keys, args)
-        return [(value, answers[n], answers[n + 1]) for n in range(0, len(answers), 2)]
 
     async def _xread(self, client: Client, cursor: Cursor) -> tuple[Any, str | None]:
         """``XREAD`` on from ``cursor``, then the epoch what it found belongs to: a ``GET`` sent
@@ -577,21 +481,6 @@ class RedisBackplane(Backplane):
         if self._healthy:
             logger.warning("lost Redis while %s %s: %s; retrying", doing, self.key, _reason(exc))
         self._healthy = False
-
-
-def _settle(written: asyncio.Future[list[tuple[str, int | None]]], answers: list[Any]) -> None:
-    """The group's positions (and sequences) from its scripts' answers, or the first failure
-    among them."""
-    failure = next((answer for answer in answers if isinstance(answer, Exception)), None)
-    if failure is not None:
-        written.set_exception(failure)
-        return
-    published: list[tuple[str, int | None]] = []
-    for answer in answers:
-        epoch = bytes(answer[0]).partition(b" ")[0].decode()
-        sequence = int(answer[2]) or None
-        published.append((f"{epoch}.{as_text(answer[1])}", sequence))
-    written.set_result(published)
 
 
 def _sequence_of(entry_id: Any) -> int:
