@@ -11,7 +11,13 @@ redis-server) to CPU 1. It opens L websocket connections with a Socket.IO client
 written on asyncio Protocols (no python-socketio: this one costs a few µs per received frame):
 HTTP upgrade to ``/socket.io/?EIO=4&transport=websocket&v=v1.3``, Engine.IO OPEN, Socket.IO
 CONNECT ``40``, ``420["authenticate", <JWT>]`` and its ack ``430[]``; it answers pings and masks
-its frames. Listener i has the criteria ``{"all": true, "g10": i % 10 == 0, "role": ...}`` as in
+its frames. ``--protocol`` picks other clients, as lean, for the same gateway and audiences:
+``flywheel`` (a plain websocket on ``/broker?v=v1.3``: ``B {"auth": {"type": "Bearer", "token":
+<JWT>}, "subscribe": ["bench"]}``, then ``R bench {body}`` frames) and ``sse`` (``GET
+/events?v=v1.3`` over raw HTTP/1.1 with ``Authorization: Bearer <JWT>``, then the chunked
+``text/event-stream``, one event a chunk); ``--protocol socketio,flywheel,sse --rounds 3`` runs
+them interleaved and prints each one's CPU per delivery against Socket.IO's, round by round.
+Listener i has the criteria ``{"all": true, "g10": i % 10 == 0, "role": ...}`` as in
 ``delivery_bench.py``. Then these phases, POSTed to the inbound over keep-alive connections:
 
 - light load (one message in flight: the next is POSTed once every recipient has the last):
@@ -51,6 +57,7 @@ import os
 import random
 import re
 import resource
+import statistics
 import struct
 import subprocess
 import sys
@@ -1189,6 +1196,46 @@ def print_comparison(
     print(common.table(headers, rows))
 
 
+def print_medians(
+    runs: list[tuple[Connected, list[Result]]],
+    keys: list[tuple[int, int, Variant]],
+    tried: list[Variant],
+) -> None:
+    """Per variant and phase, over the rounds: the gateway's µs per delivery (median, range),
+    and its ratio to each Socket.IO variant of the first gateway in the same round (median and
+    range of the per-round ratios: each compares runs minutes apart, under the same load)."""
+    per: dict[tuple[int, Variant, str], dict[int, float]] = {}
+    for (n, round_, variant), (_, results) in zip(keys, runs, strict=True):
+        for r in results:
+            if r.deliveries:
+                per.setdefault((n, variant, r.phase.name), {})[round_] = (
+                    r.gateway_cpu * 1e6 / r.deliveries
+                )
+    references = [v for v in tried if v.protocol == "socketio" and v.source == tried[0].source]
+    rows = []
+    for (n, variant, phase), values in per.items():
+        row = [f"{n:,}", variant.name, phase, str(len(values)), median_range(list(values.values()))]
+        for reference in references:
+            theirs = per.get((n, reference, phase), {})
+            ratios = [mine / theirs[k] for k, mine in values.items() if theirs.get(k)]
+            row.append("-" if reference == variant else median_range(ratios, "{:.2f}"))
+        rows.append(row)
+    print("Gateway µs per delivery over the rounds, median (min-max), and its ratio to each")
+    print("Socket.IO variant of the first gateway, round by round (median of the ratios, min-max):")
+    headers = ["L", "variant", "phase", "rounds", "µs/delivery"]
+    headers += [f"/ {reference.name}" for reference in references]
+    print(common.table(headers, rows))
+
+
+def median_range(values: list[float], form: str = "{:.1f}") -> str:
+    if not values:
+        return "-"
+    middle = form.format(statistics.median(values))
+    if len(values) == 1:
+        return middle
+    return f"{middle} ({form.format(min(values))}-{form.format(max(values))})"
+
+
 # -- main -------------------------------------------------------------------------------------
 
 
@@ -1457,6 +1504,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(tried) > 1:
         print()
         print_comparison(runs, keys, tried)
+    if len(tried) > 1 or args.rounds > 1:
+        print()
+        print_medians(runs, keys, tried)
     dropped = sum(r.dropped + sum(r.gateway_drops.values()) for _, rs in runs for r in rs)
     failed = sum(len(c.failures) for c, _ in runs)
     print(f"\nload average now: {common.load_average()}")
