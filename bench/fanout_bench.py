@@ -57,6 +57,7 @@ import os
 import random
 import re
 import resource
+import signal
 import statistics
 import struct
 import subprocess
@@ -744,6 +745,8 @@ class Run:
     proto: int = 1  # the clients' Socket.IO protocol
     protocol: str = "socketio"  # the clients' wire protocol: socketio, flywheel or sse
     clients: list[LeanClient] = field(default_factory=list)
+    spy: str = ""  # py-spy each phase into "{spy}-{phase}.txt" (raw collapsed stacks), if set
+    spy_rate: int = 250
     seq: int = 0  # global: a frame is never mistaken for one of an earlier phase
 
     async def gateway(self, command: str) -> dict[str, Any]:
@@ -782,6 +785,10 @@ async def run_phase(run: Run, phase: Phase, drain: float) -> Result:
 
     gateway_before = disconnects(await run.gateway("sockets"))
     dropped_before = len(books.dropped)
+    spy = None
+    if run.spy and phase.name in PHASE_KEYS:
+        spy = start_spy(run, f"{run.spy}-{PHASE_KEYS[phase.name]}.txt")
+        await asyncio.sleep(1.0)  # py-spy attaches
     await run.gateway("stall")
     await run.gateway("gc")
     cpus_before = cpu_busy()
@@ -811,6 +818,9 @@ async def run_phase(run: Run, phase: Phase, drain: float) -> Result:
         await asyncio.gather(*tasks)
     after = run.machine.snapshot()
     cpus = cpu_delta(cpus_before, cpu_busy())
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its samples and exits
+        await asyncio.to_thread(spy.wait, 60)
     cores = [cpus.get(cpu, (0.0, 0.0)) for cpu in run.cores]
     stall = (await run.gateway("stall"))["stall"]["longest"]
     gc_longest = max((await run.gateway("gc"))["gc"]["longest"])
@@ -838,6 +848,14 @@ async def run_phase(run: Run, phase: Phase, drain: float) -> Result:
         late=books.late,
         errors=errors,
     )
+
+
+def start_spy(run: Run, path: str) -> subprocess.Popen[bytes]:
+    """``py-spy record`` of the gateway (it must be in this Python's bin directory); it pauses
+    the gateway at each sample: the CPU figures of a phase profiled are inflated."""
+    command = [str(Path(sys.executable).parent / "py-spy"), "record", "-p"]
+    command += [str(run.gateways.pids[0]), "-r", str(run.spy_rate), "-f", "raw", "-o", path]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def phases(args: argparse.Namespace, n: int, rng: random.Random) -> list[Phase]:
@@ -937,6 +955,7 @@ async def bench_one(
     redis_pid: int | None,
     proto: int = 1,
     protocol: str = "socketio",
+    spy: str = "",
 ) -> tuple[Connected, list[Result]]:
     books = Books()
     port = int(gateways.socket_urls[0].rsplit(":", 1)[1])
@@ -950,6 +969,8 @@ async def bench_one(
         cores=(args.server_cpu, args.client_cpu),
         proto=proto,
         protocol=protocol,
+        spy=spy,
+        spy_rate=args.py_spy_rate,
     )
     try:
         connected = await connect(run, args)
@@ -1348,6 +1369,14 @@ def start_variant(
     )
 
 
+def spy_prefix(directory: str | None, n: int, variant: Variant, round_: int) -> str:
+    """Where ``--py-spy`` puts this run's profiles: ``DIR/{L}-{variant}-r{round}``."""
+    if not directory:
+        return ""
+    name = re.sub(r"[^A-Za-z0-9]+", "-", variant.name).strip("-")
+    return str(Path(directory) / f"{n}-{name}-r{round_ + 1}")
+
+
 def client_text(variant: Variant) -> str:
     if variant.protocol == "socketio":
         return f"Socket.IO protocol {variant.proto}"
@@ -1355,7 +1384,11 @@ def client_text(variant: Variant) -> str:
 
 
 def run_size(
-    args: argparse.Namespace, n: int, redis: RedisServer | None, variant: Variant = Variant(1)
+    args: argparse.Namespace,
+    n: int,
+    redis: RedisServer | None,
+    variant: Variant = Variant(1),
+    round_: int = 0,
 ) -> tuple[Connected, list[Result]]:
     if redis is not None:
         redis.flush()
@@ -1372,7 +1405,13 @@ def run_size(
     try:
         connected, results = asyncio.run(
             bench_one(
-                args, n, gateways, redis.pid if redis else None, variant.proto, variant.protocol
+                args,
+                n,
+                gateways,
+                redis.pid if redis else None,
+                variant.proto,
+                variant.protocol,
+                spy_prefix(args.py_spy, n, variant, round_),
             )
         )
     finally:
@@ -1452,7 +1491,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=1,
         help="run the variants (gateway, protocol) this many times each, interleaved, for each L",
     )
+    parser.add_argument(
+        "--py-spy",
+        metavar="DIR",
+        help="profile the gateway during each phase with py-spy (pip install py-spy), raw "
+        "collapsed stacks in DIR/{L}-{variant}-r{round}-{phase}.txt; it inflates the CPU figures",
+    )
+    parser.add_argument("--py-spy-rate", type=int, default=250, help="py-spy samples per second")
     args = parser.parse_args(argv)
+    if args.py_spy:
+        Path(args.py_spy).mkdir(parents=True, exist_ok=True)
     args.phases = [p for p in args.phases.split(",") if p]
     unknown = set(args.phases) - set(PHASE_KEYS.values())
     if unknown:
@@ -1492,7 +1540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for n in sizes:
                 for round_ in range(args.rounds):
                     for variant in tried:
-                        runs.append(run_size(args, n, redis, variant))
+                        runs.append(run_size(args, n, redis, variant, round_))
                         names.append(variant.name)
                         keys.append((n, round_, variant))
         finally:
