@@ -1221,29 +1221,48 @@ def print_medians(
     runs: list[tuple[Connected, list[Result]]],
     keys: list[tuple[int, int, Variant]],
     tried: list[Variant],
+    max_other: float | None = None,
 ) -> None:
     """Per variant and phase, over the rounds: the gateway's µs per delivery (median, range),
     and its ratio to each Socket.IO variant of the first gateway in the same round (median and
-    range of the per-round ratios: each compares runs minutes apart, under the same load)."""
+    range of the per-round ratios: each compares runs minutes apart, under the same load).
+    With ``max_other`` (% of a CPU), the phases during which other processes used more are
+    left out (of the ratios too)."""
     per: dict[tuple[int, Variant, str], dict[int, float]] = {}
+    others: dict[tuple[int, Variant, str], list[float]] = {}
+    rounds: dict[tuple[int, Variant, str], int] = {}
     for (n, round_, variant), (_, results) in zip(keys, runs, strict=True):
         for r in results:
-            if r.deliveries:
-                per.setdefault((n, variant, r.phase.name), {})[round_] = (
-                    r.gateway_cpu * 1e6 / r.deliveries
-                )
+            if not r.deliveries or r.wall <= 0:
+                continue
+            key = (n, variant, r.phase.name)
+            rounds[key] = rounds.get(key, 0) + 1
+            other = 100 * r.cpu["other"] / r.wall
+            if max_other is not None and other > max_other:
+                continue
+            per.setdefault(key, {})[round_] = r.gateway_cpu * 1e6 / r.deliveries
+            others.setdefault(key, []).append(other)
     references = [v for v in tried if v.protocol == "socketio" and v.source == tried[0].source]
     rows = []
     for (n, variant, phase), values in per.items():
-        row = [f"{n:,}", variant.name, phase, str(len(values)), median_range(list(values.values()))]
+        row = [
+            f"{n:,}",
+            variant.name,
+            phase,
+            f"{len(values)} of {rounds[n, variant, phase]}",
+            median_range(others[n, variant, phase], "{:.0f}%"),
+            median_range(list(values.values())),
+        ]
         for reference in references:
             theirs = per.get((n, reference, phase), {})
             ratios = [mine / theirs[k] for k, mine in values.items() if theirs.get(k)]
             row.append("-" if reference == variant else median_range(ratios, "{:.2f}"))
         rows.append(row)
     print("Gateway µs per delivery over the rounds, median (min-max), and its ratio to each")
-    print("Socket.IO variant of the first gateway, round by round (median of the ratios, min-max):")
-    headers = ["L", "variant", "phase", "rounds", "µs/delivery"]
+    print("Socket.IO variant of the first gateway, round by round (median of the ratios, min-max)")
+    if max_other is not None:
+        print(f"(phases during which other processes used over {max_other:g}% of a CPU left out):")
+    headers = ["L", "variant", "phase", "rounds", "other CPU", "µs/delivery"]
     headers += [f"/ {reference.name}" for reference in references]
     print(common.table(headers, rows))
 
@@ -1497,6 +1516,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="profile the gateway during each phase with py-spy (pip install py-spy), raw "
         "collapsed stacks in DIR/{L}-{variant}-r{round}-{phase}.txt; it inflates the CPU figures",
     )
+    parser.add_argument(
+        "--max-other",
+        type=float,
+        help="%% of a CPU: the medians over the rounds leave out the phases during which other "
+        "processes used more",
+    )
     parser.add_argument("--py-spy-rate", type=int, default=250, help="py-spy samples per second")
     args = parser.parse_args(argv)
     if args.py_spy:
@@ -1554,7 +1579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_comparison(runs, keys, tried)
     if len(tried) > 1 or args.rounds > 1:
         print()
-        print_medians(runs, keys, tried)
+        print_medians(runs, keys, tried, args.max_other)
     dropped = sum(r.dropped + sum(r.gateway_drops.values()) for _, rs in runs for r in rs)
     failed = sum(len(c.failures) for c, _ in runs)
     print(f"\nload average now: {common.load_average()}")
