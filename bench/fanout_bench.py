@@ -11,7 +11,13 @@ redis-server) to CPU 1. It opens L websocket connections with a Socket.IO client
 written on asyncio Protocols (no python-socketio: this one costs a few µs per received frame):
 HTTP upgrade to ``/socket.io/?EIO=4&transport=websocket&v=v1.3``, Engine.IO OPEN, Socket.IO
 CONNECT ``40``, ``420["authenticate", <JWT>]`` and its ack ``430[]``; it answers pings and masks
-its frames. Listener i has the criteria ``{"all": true, "g10": i % 10 == 0, "role": ...}`` as in
+its frames. ``--protocol`` picks other clients, as lean, for the same gateway and audiences:
+``flywheel`` (a plain websocket on ``/broker?v=v1.3``: ``B {"auth": {"type": "Bearer", "token":
+<JWT>}, "subscribe": ["bench"]}``, then ``R bench {body}`` frames) and ``sse`` (``GET
+/events?v=v1.3`` over raw HTTP/1.1 with ``Authorization: Bearer <JWT>``, then the chunked
+``text/event-stream``, one event a chunk); ``--protocol socketio,flywheel,sse --rounds 3`` runs
+them interleaved and prints each one's CPU per delivery against Socket.IO's, round by round.
+Listener i has the criteria ``{"all": true, "g10": i % 10 == 0, "role": ...}`` as in
 ``delivery_bench.py``. Then these phases, POSTed to the inbound over keep-alive connections:
 
 - light load (one message in flight: the next is POSTed once every recipient has the last):
@@ -51,6 +57,8 @@ import os
 import random
 import re
 import resource
+import signal
+import statistics
 import struct
 import subprocess
 import sys
@@ -72,6 +80,10 @@ from bow_gateway.outbounds.jwt import mint
 EVENT = "bench"
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 SOCKET_PATH = f"/socket.io/?EIO=4&transport=websocket&v={gateway.OUTBOUND_VERSION}"
+FLYWHEEL_PATH = f"/broker?v={gateway.OUTBOUND_VERSION}"
+SSE_PATH = f"/events?v={gateway.OUTBOUND_VERSION}"
+PROTOCOLS = ("socketio", "flywheel", "sse")  # what --protocol takes
+EVENT_BYTES = EVENT.encode()
 TARGET_SOCKETS, TARGET_STALL, TARGET_P99 = 10_000, 0.100, 1e9  # the issue's 100% target (s, ns)
 monotonic_ns = time.monotonic_ns
 
@@ -206,12 +218,15 @@ class LeanClient(asyncio.Protocol):
         key = base64.b64encode(os.urandom(16))
         self._accept = base64.b64encode(hashlib.sha1(key + WS_GUID).digest())
         transport.write(
-            f"GET {socket_path(self.proto)} HTTP/1.1\r\nHost: {self.host}\r\nUpgrade: websocket\r\n"
+            f"GET {self._path()} HTTP/1.1\r\nHost: {self.host}\r\nUpgrade: websocket\r\n"
             "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n".encode()
             + b"Sec-WebSocket-Key: "
             + key
             + b"\r\n\r\n"
         )
+
+    def _path(self) -> str:
+        return socket_path(self.proto)
 
     def data_received(self, data: bytes) -> None:
         if self._buffer:
@@ -354,6 +369,179 @@ class LeanClient(asyncio.Protocol):
             self.transport.close()
 
 
+class FlywheelClient(LeanClient):
+    """One Flywheel connection (``docs/flywheel.md``) over a plain websocket, lean as
+    :class:`LeanClient`: upgrade on ``/broker?v=...``, ``B {"auth": {"type": "Bearer", "token"},
+    "subscribe": [...]}``, ready at a ``BindResponse`` without errors, then every ``R {topic}
+    {body}`` frame of the benchmark counted as Socket.IO's events are (the first copy of a frame
+    is parsed, the others found by their bytes). It answers the gateway's websocket pings."""
+
+    def __init__(
+        self, books: Books, host: str, token: str, subscribe: Sequence[str] = (EVENT,)
+    ) -> None:
+        super().__init__(books, host, token, proto=2)
+        self.subscribe = list(subscribe)
+        self._bound = False
+
+    def _path(self) -> str:
+        return FLYWHEEL_PATH
+
+    def _upgrade(self, data: bytes) -> bytes:
+        rest = super()._upgrade(data)
+        if self._upgraded and not self._bound:
+            self._bound = True
+            bind = {"auth": {"type": "Bearer", "token": self.token}, "subscribe": self.subscribe}
+            self._send(b"B " + json.dumps(bind).encode())
+        return rest
+
+    def _packet(self, opcode: int, payload: bytes) -> Message | None:
+        if opcode != 0x1:  # close, ping: as any websocket
+            return super()._packet(opcode, payload)
+        if payload.startswith(b"R "):
+            topic, _, body = payload[2:].partition(b" ")
+            if topic == EVENT_BYTES:
+                try:
+                    return self.books.first_receipt(payload, json.loads(body))
+                except ValueError:
+                    return None
+            self.reason = f"Flywheel {payload[:200]!r}"  # $remote/.../rx/alerts or errors
+        elif payload.startswith(b"B "):
+            try:
+                errors = json.loads(payload[2:]).get("errors")
+            except (ValueError, AttributeError):
+                errors = [f"not a BindResponse: {payload[:200]!r}"]
+            if errors:
+                self.reason = f"bind refused: {errors}"
+            elif not self.ready.done():
+                self.ready.set_result(None)
+        else:
+            self.reason = f"Flywheel {payload[:200]!r}"
+        return None
+
+
+class SseClient(LeanClient):
+    """One Server-Sent Events stream (``docs/sse.md``) over raw HTTP/1.1: ``GET /events?v=...``
+    with ``Authorization: Bearer``, ready at the ``200`` (the gateway holds the stream as a
+    listener before it answers), then the chunked body read chunk by chunk. The gateway frames
+    each event as one HTTP/1.1 chunk, the same bytes for every stream: a chunk seen before costs
+    a dict look-up, as a websocket frame does; a new one is parsed into its ``id:``, ``event:``
+    and ``data:`` fields (comments, the ``id:``-only positions and ``alert`` included)."""
+
+    def __init__(self, books: Books, host: str, token: str) -> None:
+        super().__init__(books, host, token, proto=2)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.write(
+            f"GET {SSE_PATH} HTTP/1.1\r\nHost: {self.host}\r\nAccept: text/event-stream\r\n"
+            f"Authorization: Bearer {self.token}\r\n\r\n".encode()
+        )
+
+    def data_received(self, data: bytes) -> None:
+        if self._buffer:
+            data = self._buffer + data
+            self._buffer = b""
+        if not self._upgraded:
+            data = self._response(data)
+        if data:
+            rest = self._chunks(data)
+            if rest:
+                self._buffer = rest
+
+    def _response(self, data: bytes) -> bytes:
+        """The status line and headers: a ``200`` with a chunked ``text/event-stream``."""
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            self._buffer = data
+            return b""
+        head = data[:end].lower()
+        if not head.startswith(b"http/1.1 200") or b"transfer-encoding: chunked" not in head:
+            self.reason = f"SSE stream refused: {data[: end + 200]!r}"  # 503: retried
+            if self.transport is not None:
+                self.transport.close()
+            return b""
+        self._upgraded = True
+        if not self.ready.done():
+            self.ready.set_result(None)
+        return data[end + 4 :]
+
+    def _chunks(self, data: bytes) -> bytes:
+        """Handle every whole chunk of ``data``; return what is left of a partial one."""
+        now = monotonic_ns()
+        books = self.books
+        frames = books.frames
+        latencies = books.latencies
+        pos, end = 0, len(data)
+        while True:
+            eol = data.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            start = eol + 2
+            stop = start + int(data[pos:eol], 16)  # no chunk extensions from aiohttp
+            if stop + 2 > end:
+                break
+            if stop == start:  # the last chunk: the gateway ended the stream
+                self.reason = self.reason or "the stream ended"
+                pos = end
+                break
+            payload = data[start:stop]
+            message = frames.get(payload)
+            if message is None:
+                message = self._events(payload)
+            if message is not None:
+                latencies.append(now - message.sent)
+                self.received += 1
+                self.position = message.position
+                message.remaining -= 1
+                if message.remaining == 0:
+                    books.finish(message, now)
+            pos = stop + 2
+        return data[pos:]
+
+    def _events(self, payload: bytes) -> Message | None:
+        """A chunk not seen before: its events (the gateway writes one per chunk); the message
+        of the first event of the benchmark in it, if it is the first copy of one."""
+        found = None
+        for block in payload.split(b"\n\n"):
+            fields: dict[bytes, bytes] = {}
+            for line in block.split(b"\n"):
+                if not line or line.startswith(b":"):  # a comment: the heartbeat
+                    continue
+                name, _, value = line.partition(b":")
+                value = value[1:] if value.startswith(b" ") else value
+                if name == b"data" and b"data" in fields:
+                    value = fields[b"data"] + b"\n" + value
+                fields[name] = value
+            if b"id" in fields:
+                self.position = fields[b"id"].decode()
+            event = fields.get(b"event", b"message")
+            if b"data" not in fields:
+                continue  # not dispatched (an id alone: __position)
+            if event == EVENT_BYTES and found is None:
+                try:
+                    body = json.loads(fields[b"data"])
+                except ValueError:
+                    continue
+                found = self.books.first_receipt(payload, body)
+                if found is not None:
+                    found.position = self.position
+            elif event == b"__gap":
+                self.gaps.append(fields[b"data"])
+            elif event != EVENT_BYTES:  # alert: the gateway ends the stream next
+                self.reason = f"SSE {event.decode()}: {fields[b'data'][:200]!r}"
+        return found
+
+
+def make_client(protocol: str, books: Books, host: str, token: str, proto: int) -> LeanClient:
+    """A lean client of ``protocol`` (``socketio`` speaks Socket.IO protocol ``proto``)."""
+    if protocol == "flywheel":
+        return FlywheelClient(books, host, token)
+    if protocol == "sse":
+        return SseClient(books, host, token)
+    return LeanClient(books, host, token, proto)
+
+
 async def open_clients(
     books: Books,
     host: str,
@@ -362,6 +550,7 @@ async def open_clients(
     concurrency: int,
     proto: int = 1,
     retries: int = 30,
+    protocol: str = "socketio",
 ) -> tuple[list[LeanClient], list[str]]:
     """Connect and authenticate listeners 0..n-1, ``concurrency`` handshakes at a time."""
     loop = asyncio.get_running_loop()
@@ -376,7 +565,7 @@ async def open_clients(
 
     async def open_one(i: int) -> None:
         for attempt in range(retries + 1):
-            client = LeanClient(books, f"{host}:{port}", tokens[i], proto)
+            client = make_client(protocol, books, f"{host}:{port}", tokens[i], proto)
             async with semaphore:
                 try:
                     await loop.create_connection(lambda c=client: c, host, port)
@@ -553,8 +742,11 @@ class Run:
     books: Books
     posters: Posters
     cores: tuple[int, int]  # CPUs of the gateway and of the load generator
-    proto: int = 1  # the clients' protocol
+    proto: int = 1  # the clients' Socket.IO protocol
+    protocol: str = "socketio"  # the clients' wire protocol: socketio, flywheel or sse
     clients: list[LeanClient] = field(default_factory=list)
+    spy: str = ""  # py-spy each phase into "{spy}-{phase}.txt" (raw collapsed stacks), if set
+    spy_rate: int = 250
     seq: int = 0  # global: a frame is never mistaken for one of an earlier phase
 
     async def gateway(self, command: str) -> dict[str, Any]:
@@ -593,6 +785,10 @@ async def run_phase(run: Run, phase: Phase, drain: float) -> Result:
 
     gateway_before = disconnects(await run.gateway("sockets"))
     dropped_before = len(books.dropped)
+    spy = None
+    if run.spy and phase.name in PHASE_KEYS:
+        spy = start_spy(run, f"{run.spy}-{PHASE_KEYS[phase.name]}.txt")
+        await asyncio.sleep(1.0)  # py-spy attaches
     await run.gateway("stall")
     await run.gateway("gc")
     cpus_before = cpu_busy()
@@ -622,6 +818,9 @@ async def run_phase(run: Run, phase: Phase, drain: float) -> Result:
         await asyncio.gather(*tasks)
     after = run.machine.snapshot()
     cpus = cpu_delta(cpus_before, cpu_busy())
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its samples and exits
+        await asyncio.to_thread(spy.wait, 60)
     cores = [cpus.get(cpu, (0.0, 0.0)) for cpu in run.cores]
     stall = (await run.gateway("stall"))["stall"]["longest"]
     gc_longest = max((await run.gateway("gc"))["gc"]["longest"])
@@ -649,6 +848,14 @@ async def run_phase(run: Run, phase: Phase, drain: float) -> Result:
         late=books.late,
         errors=errors,
     )
+
+
+def start_spy(run: Run, path: str) -> subprocess.Popen[bytes]:
+    """``py-spy record`` of the gateway (it must be in this Python's bin directory); it pauses
+    the gateway at each sample: the CPU figures of a phase profiled are inflated."""
+    command = [str(Path(sys.executable).parent / "py-spy"), "record", "-p"]
+    command += [str(run.gateways.pids[0]), "-r", str(run.spy_rate), "-f", "raw", "-o", path]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def phases(args: argparse.Namespace, n: int, rng: random.Random) -> list[Phase]:
@@ -715,7 +922,13 @@ async def connect(run: Run, args: argparse.Namespace) -> Connected:
     before = run.machine.snapshot()
     started = time.perf_counter()
     run.clients, failures = await open_clients(
-        run.books, args.host, run.port, run.sockets, args.connect_concurrency, run.proto
+        run.books,
+        args.host,
+        run.port,
+        run.sockets,
+        args.connect_concurrency,
+        run.proto,
+        protocol=run.protocol,
     )
     wall = time.perf_counter() - started
     used = redis_bench.Machine.delta(before, run.machine.snapshot())
@@ -741,6 +954,8 @@ async def bench_one(
     gateways: redis_bench.Gateways,
     redis_pid: int | None,
     proto: int = 1,
+    protocol: str = "socketio",
+    spy: str = "",
 ) -> tuple[Connected, list[Result]]:
     books = Books()
     port = int(gateways.socket_urls[0].rsplit(":", 1)[1])
@@ -753,6 +968,9 @@ async def bench_one(
         posters=Posters(args.host, port),
         cores=(args.server_cpu, args.client_cpu),
         proto=proto,
+        protocol=protocol,
+        spy=spy,
+        spy_rate=args.py_spy_rate,
     )
     try:
         connected = await connect(run, args)
@@ -999,6 +1217,65 @@ def print_comparison(
     print(common.table(headers, rows))
 
 
+def print_medians(
+    runs: list[tuple[Connected, list[Result]]],
+    keys: list[tuple[int, int, Variant]],
+    tried: list[Variant],
+    max_other: float | None = None,
+) -> None:
+    """Per variant and phase, over the rounds: the gateway's µs per delivery (median, range),
+    and its ratio to each Socket.IO variant of the first gateway in the same round (median and
+    range of the per-round ratios: each compares runs minutes apart, under the same load).
+    With ``max_other`` (% of a CPU), the phases during which other processes used more are
+    left out (of the ratios too)."""
+    per: dict[tuple[int, Variant, str], dict[int, float]] = {}
+    others: dict[tuple[int, Variant, str], list[float]] = {}
+    rounds: dict[tuple[int, Variant, str], int] = {}
+    for (n, round_, variant), (_, results) in zip(keys, runs, strict=True):
+        for r in results:
+            if not r.deliveries or r.wall <= 0:
+                continue
+            key = (n, variant, r.phase.name)
+            rounds[key] = rounds.get(key, 0) + 1
+            other = 100 * r.cpu["other"] / r.wall
+            if max_other is not None and other > max_other:
+                continue
+            per.setdefault(key, {})[round_] = r.gateway_cpu * 1e6 / r.deliveries
+            others.setdefault(key, []).append(other)
+    references = [v for v in tried if v.protocol == "socketio" and v.source == tried[0].source]
+    rows = []
+    for (n, variant, phase), values in per.items():
+        row = [
+            f"{n:,}",
+            variant.name,
+            phase,
+            f"{len(values)} of {rounds[n, variant, phase]}",
+            median_range(others[n, variant, phase], "{:.0f}%"),
+            median_range(list(values.values())),
+        ]
+        for reference in references:
+            theirs = per.get((n, reference, phase), {})
+            ratios = [mine / theirs[k] for k, mine in values.items() if theirs.get(k)]
+            row.append("-" if reference == variant else median_range(ratios, "{:.2f}"))
+        rows.append(row)
+    print("Gateway µs per delivery over the rounds, median (min-max), and its ratio to each")
+    print("Socket.IO variant of the first gateway, round by round (median of the ratios, min-max)")
+    if max_other is not None:
+        print(f"(phases during which other processes used over {max_other:g}% of a CPU left out):")
+    headers = ["L", "variant", "phase", "rounds", "other CPU", "µs/delivery"]
+    headers += [f"/ {reference.name}" for reference in references]
+    print(common.table(headers, rows))
+
+
+def median_range(values: list[float], form: str = "{:.1f}") -> str:
+    if not values:
+        return "-"
+    middle = form.format(statistics.median(values))
+    if len(values) == 1:
+        return middle
+    return f"{middle} ({form.format(min(values))}-{form.format(max(values))})"
+
+
 # -- main -------------------------------------------------------------------------------------
 
 
@@ -1013,28 +1290,40 @@ def pin_gateway(pid: int, cpu: int) -> None:
 class Variant:
     """Which gateway (this checkout's, or ``--source``'s) and which protocol its clients speak."""
 
-    proto: int
+    proto: int  # Socket.IO's protocol (1 or 2)
     source: str | None = None  # a PYTHONPATH directory laid out by attack_bench.package_layout
     label: str = ""  # the commit or directory of ``source``
+    protocol: str = "socketio"  # or flywheel, sse (then ``proto`` means nothing)
 
     @property
     def name(self) -> str:
-        return f"{self.label or 'this'}, proto {self.proto}"
+        return f"{self.label or 'this'}, {self.clients}"
+
+    @property
+    def clients(self) -> str:
+        return f"proto {self.proto}" if self.protocol == "socketio" else self.protocol
 
 
 def variants(args: argparse.Namespace, workdir: str) -> list[Variant]:
-    """``--proto`` on this checkout's (or ``--gateway``'s) gateway, then protocol 1 on each
-    ``--source``'s."""
+    """``--protocol`` (Socket.IO in each ``--proto``) on this checkout's (or ``--gateway``'s)
+    gateway, then Socket.IO in each ``--source-proto`` on each ``--source``'s."""
     import attack_bench  # here: it imports this module
 
     main, label = None, ""
     if args.gateway:  # a snapshot rather than the working tree, which others may be editing
         main = str(attack_bench.package_layout(Path(args.gateway), Path(workdir) / "gateway"))
         label = source_label(args.gateway)
-    found = [Variant(int(p), main, label) for p in args.proto.split(",") if p]
+    found = []
+    for protocol in args.protocol:
+        if protocol == "socketio":
+            found += [Variant(int(p), main, label) for p in args.proto.split(",") if p]
+        else:
+            found.append(Variant(2, main, label, protocol))
     for k, source in enumerate(args.source or []):
         path = attack_bench.package_layout(Path(source), Path(workdir) / f"source{k}")
-        found.append(Variant(1, str(path), source_label(source)))
+        for p in args.source_proto.split(","):
+            if p:
+                found.append(Variant(int(p), str(path), source_label(source)))
     return found
 
 
@@ -1086,7 +1375,7 @@ def start_variant(
     backplane = "in-process backplane" if redis is None else "Redis backplane"
     return redis_bench.Gateways(
         description=f"_gateway.py of {variant.label or 'this checkout'} ({backplane}) on port "
-        f"{port}, pid {pid}; clients speak protocol {variant.proto}",
+        f"{port}, pid {pid}; clients speak {client_text(variant)}",
         processes=[process],
         pids=[pid],
         socket_urls=[url],
@@ -1099,8 +1388,26 @@ def start_variant(
     )
 
 
+def spy_prefix(directory: str | None, n: int, variant: Variant, round_: int) -> str:
+    """Where ``--py-spy`` puts this run's profiles: ``DIR/{L}-{variant}-r{round}``."""
+    if not directory:
+        return ""
+    name = re.sub(r"[^A-Za-z0-9]+", "-", variant.name).strip("-")
+    return str(Path(directory) / f"{n}-{name}-r{round_ + 1}")
+
+
+def client_text(variant: Variant) -> str:
+    if variant.protocol == "socketio":
+        return f"Socket.IO protocol {variant.proto}"
+    return {"flywheel": f"Flywheel (subscribed to {EVENT!r})", "sse": "SSE"}[variant.protocol]
+
+
 def run_size(
-    args: argparse.Namespace, n: int, redis: RedisServer | None, variant: Variant = Variant(1)
+    args: argparse.Namespace,
+    n: int,
+    redis: RedisServer | None,
+    variant: Variant = Variant(1),
+    round_: int = 0,
 ) -> tuple[Connected, list[Result]]:
     if redis is not None:
         redis.flush()
@@ -1109,10 +1416,22 @@ def run_size(
     gateways = start_variant(variant, redis, f"fanout{n}")
     pin_gateway(gateways.pids[0], args.server_cpu)
     print()
-    print(f"== {n:,} sockets: {gateways.description}, pinned to CPU {args.server_cpu}", flush=True)
+    print(
+        f"== {n:,} sockets: {gateways.description}, pinned to CPU {args.server_cpu}; load "
+        f"average {common.load_average()}",
+        flush=True,
+    )
     try:
         connected, results = asyncio.run(
-            bench_one(args, n, gateways, redis.pid if redis else None, variant.proto)
+            bench_one(
+                args,
+                n,
+                gateways,
+                redis.pid if redis else None,
+                variant.proto,
+                variant.protocol,
+                spy_prefix(args.py_spy, n, variant, round_),
+            )
         )
     finally:
         gateways.stop()
@@ -1156,7 +1475,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--proto",
         default="1",
-        help="protocols of the clients of this checkout's gateway, e.g. 1,2 to compare them",
+        help="Socket.IO protocols of the clients of this checkout's gateway, e.g. 1,2 to "
+        "compare them",
+    )
+    parser.add_argument(
+        "--protocol",
+        default="socketio",
+        help="wire protocols of the clients of this checkout's gateway, comma-separated among "
+        + ", ".join(PROTOCOLS)
+        + " (socketio: in each --proto)",
     )
     parser.add_argument(
         "--gateway",
@@ -1166,8 +1493,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--source",
         action="append",
-        help="also run another checkout's gateway (protocol 1), e.g. /tmp/bow-5bc2fea "
-        "from `git archive`; repeatable",
+        help="also run another checkout's gateway (Socket.IO in --source-proto), e.g. "
+        "/tmp/bow-5bc2fea from `git archive`; repeatable",
+    )
+    parser.add_argument(
+        "--source-proto", default="1", help="Socket.IO protocols of the --source gateways' clients"
     )
     parser.add_argument(
         "--phases",
@@ -1180,11 +1510,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=1,
         help="run the variants (gateway, protocol) this many times each, interleaved, for each L",
     )
+    parser.add_argument(
+        "--py-spy",
+        metavar="DIR",
+        help="profile the gateway during each phase with py-spy (pip install py-spy), raw "
+        "collapsed stacks in DIR/{L}-{variant}-r{round}-{phase}.txt; it inflates the CPU figures",
+    )
+    parser.add_argument(
+        "--max-other",
+        type=float,
+        help="%% of a CPU: the medians over the rounds leave out the phases during which other "
+        "processes used more",
+    )
+    parser.add_argument("--py-spy-rate", type=int, default=250, help="py-spy samples per second")
     args = parser.parse_args(argv)
+    if args.py_spy:
+        Path(args.py_spy).mkdir(parents=True, exist_ok=True)
     args.phases = [p for p in args.phases.split(",") if p]
     unknown = set(args.phases) - set(PHASE_KEYS.values())
     if unknown:
         parser.error(f"unknown phases {sorted(unknown)}")
+    args.protocol = [p for p in args.protocol.split(",") if p]
+    if set(args.protocol) - set(PROTOCOLS):
+        parser.error(f"unknown protocols {sorted(set(args.protocol) - set(PROTOCOLS))}")
     sizes = [int(s.replace("_", "")) for s in args.sockets.split(",") if s]
 
     soft, hard = redis_bench.raise_open_files_limit()
@@ -1217,7 +1565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for n in sizes:
                 for round_ in range(args.rounds):
                     for variant in tried:
-                        runs.append(run_size(args, n, redis, variant))
+                        runs.append(run_size(args, n, redis, variant, round_))
                         names.append(variant.name)
                         keys.append((n, round_, variant))
         finally:
@@ -1229,6 +1577,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(tried) > 1:
         print()
         print_comparison(runs, keys, tried)
+    if len(tried) > 1 or args.rounds > 1:
+        print()
+        print_medians(runs, keys, tried, args.max_other)
     dropped = sum(r.dropped + sum(r.gateway_drops.values()) for _, rs in runs for r in rs)
     failed = sum(len(c.failures) for c, _ in runs)
     print(f"\nload average now: {common.load_average()}")
