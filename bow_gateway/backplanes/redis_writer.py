@@ -143,19 +143,23 @@ class StreamWriter:
         the gateway a command to pack and an answer to parse); each event's answer:
         ``(epoch value, id, sequence)``, the sequence 0 for an event not kept."""
         keys = list(self._keys)
-        histories: dict[str, int] = {}
-        args: list[Any] = [secrets.token_hex(6), self._max_len, len(self._topic_prefix.encode())]
+        numbers: dict[str, str] = {}  # a history's key: its number among KEYS[4:], as ARGV
+        specs: list[str] = []
+        args: list[Any] = []
         for data, retention in events:
             if retention is None:
-                args += [data, ""]
+                args += [data, "0"]
                 continue
             key = self._topic_prefix + retention.topic
-            index = histories.get(key)
-            if index is None:
+            number = numbers.get(key)
+            if number is None:
                 keys.append(key)
-                index = histories[key] = len(keys)
-            max_age_ms = max(1, round(retention.max_age * 1000))
-            args += [data, f"{index},{retention.max_count},{max_age_ms}"]
+                number = numbers[key] = str(len(numbers) + 1)
+                max_age_ms = max(1, round(retention.max_age * 1000))
+                specs.append(f"{retention.max_count},{max_age_ms}")
+            args += [data, number]
+        prefix_length = len(self._topic_prefix.encode())
+        args = [secrets.token_hex(6), self._max_len, prefix_length, len(specs), *specs, *args]
         value, *answers = await self._scripts.run("publish", keys, args)
         return [(value, answers[n], answers[n + 1]) for n in range(0, len(answers), 2)]
 
