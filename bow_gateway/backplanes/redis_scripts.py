@@ -40,9 +40,10 @@ PUBLISH: Final = (
 -- of the topics this write keeps (streams whose ids are "{sequence}-{ms}", fields d, the data,
 -- and p, its position). ARGV: a new epoch, max length, the length of a history key's prefix
 -- (what precedes the topic), the number of histories T, then T times "max count,max age ms",
--- then two per event: its data, and its history's number (1..T; 0: not kept). A kept event's
--- data carries its sequence: {"q":N,...}. Each history takes its sequences in one HINCRBY and
--- is trimmed once, by count and by age, after the write's events.
+-- then each event's history number (1..T; 0: not kept) and each event's length in bytes, both
+-- comma-separated, then the events' data end to end: four arguments for any number of events.
+-- A kept event's data carries its sequence: {"q":N,...}. Each history takes its sequences in
+-- one HINCRBY and is trimmed once, by count and by age, after the write's events.
 -- Returns {epoch value, then per event its id and its sequence (0: not kept)}.
 local value = redis.call('GET', KEYS[2])
 if not value or redis.call('EXISTS', KEYS[1]) == 0 then
@@ -50,14 +51,15 @@ if not value or redis.call('EXISTS', KEYS[1]) == 0 then
 end
 local epoch = string.match(value, '^[^ ]*')
 local prefix, histories = tonumber(ARGV[3]), tonumber(ARGV[4])
-local first = 5 + histories  -- ARGV index of the first event's data
+local numbers, lengths, blob = {}, {}, ARGV[7 + histories]
+for k in string.gmatch(ARGV[5 + histories], '%d+') do numbers[#numbers + 1] = tonumber(k) end
+for n in string.gmatch(ARGV[6 + histories], '%d+') do lengths[#lengths + 1] = tonumber(n) end
 local function ms_of(id) return tonumber(string.match(id, '-(%d+)$')) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local kept = {}
 for k = 1, histories do kept[k] = 0 end
-for i = first + 1, #ARGV, 2 do
-  local k = tonumber(ARGV[i])
+for _, k in ipairs(numbers) do
   if k > 0 then kept[k] = kept[k] + 1 end
 end
 local next_seq, ms = {}, {}
@@ -78,16 +80,17 @@ for k = 1, histories do
     next_seq[k] = last - kept[k] + 1
   end
 end
-local out = {value}
-for i = first, #ARGV, 2 do
-  local k = tonumber(ARGV[i + 1])
+local out, from = {value}, 1
+for i, k in ipairs(numbers) do
+  local data = string.sub(blob, from, from + lengths[i] - 1)
+  from = from + lengths[i]
   if k == 0 then
-    out[#out + 1] = redis.call('XADD', KEYS[1], '*', 'd', ARGV[i])
+    out[#out + 1] = redis.call('XADD', KEYS[1], '*', 'd', data)
     out[#out + 1] = 0
   else
     local seq = next_seq[k]
     next_seq[k] = seq + 1
-    local data = '{"q":' .. string.format('%d', seq) .. ',' .. string.sub(ARGV[i], 2)
+    data = '{"q":' .. string.format('%d', seq) .. ',' .. string.sub(data, 2)
     local entry = redis.call('XADD', KEYS[1], '*', 'd', data)
     redis.call('XADD', KEYS[3 + k], string.format('%d-%d', seq, ms[k]), 'd', data, 'p',
       epoch .. '.' .. entry)

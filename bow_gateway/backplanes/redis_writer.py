@@ -143,12 +143,12 @@ class StreamWriter:
         the gateway a command to pack and an answer to parse); each event's answer:
         ``(epoch value, id, sequence)``, the sequence 0 for an event not kept."""
         keys = list(self._keys)
-        numbers: dict[str, str] = {}  # a history's key: its number among KEYS[4:], as ARGV
+        numbers: dict[str, str] = {}  # a history's key: its number among KEYS[4:]
         specs: list[str] = []
-        args: list[Any] = []
-        for data, retention in events:
+        kept: list[str] = []  # each event's history number, "0": not kept
+        for _, retention in events:
             if retention is None:
-                args += [data, "0"]
+                kept.append("0")
                 continue
             key = self._topic_prefix + retention.topic
             number = numbers.get(key)
@@ -157,9 +157,12 @@ class StreamWriter:
                 number = numbers[key] = str(len(numbers) + 1)
                 max_age_ms = max(1, round(retention.max_age * 1000))
                 specs.append(f"{retention.max_count},{max_age_ms}")
-            args += [data, number]
+            kept.append(number)
+        datas = [data for data, _ in events]
+        lengths = ",".join([str(len(data)) for data in datas])
         prefix_length = len(self._topic_prefix.encode())
-        args = [secrets.token_hex(6), self._max_len, prefix_length, len(specs), *specs, *args]
+        args = [secrets.token_hex(6), self._max_len, prefix_length, len(specs), *specs]
+        args += [",".join(kept), lengths, b"".join(datas)]
         value, *answers = await self._scripts.run("publish", keys, args)
         return [(value, answers[n], answers[n + 1]) for n in range(0, len(answers), 2)]
 
