@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from typing import Final
 
 from .backplanes import Backplane, Entry, Gap
 from .control import count_answer
@@ -24,6 +25,8 @@ from .metrics import Metrics
 from .outbound import SocketOutbound
 
 logger = logging.getLogger("bow_gateway")
+
+LAG_EVERY: Final = 0.01  # seconds between two settings of bow_backplane_lag_seconds
 
 
 class Consumer:
@@ -45,6 +48,7 @@ class Consumer:
         self._metrics = metrics
         self._versions = list(middleware_versions)
         self._count_max_ids = count_max_ids
+        self._lag_due = 0.0  # when bow_backplane_lag_seconds is set next
 
     def preload(self, backlog: list[Entry], *, complete: bool) -> None:
         """Fill the history with what the backplane held at start; ``complete``: the backlog
@@ -76,7 +80,10 @@ class Consumer:
         event = decode_event(entry.data)
         accepted_at = event.accepted_at if isinstance(event, MessageEvent) else 0.0
         if accepted_at:
-            metrics.backplane_lag_seconds.set(max(0.0, time.time() - accepted_at))
+            now = time.time()
+            if now >= self._lag_due:  # a gauge read every few seconds: set 100 times a second
+                self._lag_due = now + LAG_EVERY
+                metrics.backplane_lag_seconds.set(max(0.0, now - accepted_at))
         self.remember(entry.position, event)  # first: a recovery meanwhile ends here
         if isinstance(event, CountEvent):
             answer = count_answer(
