@@ -54,8 +54,12 @@ def start(source: str | None, redis: RedisServer, out: Path) -> tuple[subprocess
     if source:
         env["PYTHONPATH"] = source
     process = subprocess.Popen(
-        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        env=env, cwd=source or None,
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=source or None,
     )
     assert process.stdout is not None
     line = process.stdout.readline()
