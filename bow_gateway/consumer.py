@@ -23,6 +23,7 @@ from .message import (
 )
 from .metrics import Metrics
 from .outbound import SocketOutbound
+from .seams.prometheus import StepHistogram
 
 logger = logging.getLogger("bow_gateway")
 
@@ -49,6 +50,7 @@ class Consumer:
         self._versions = list(middleware_versions)
         self._count_max_ids = count_max_ids
         self._lag_due = 0.0  # when bow_backplane_lag_seconds is set next
+        self._latency = StepHistogram(metrics.latency_seconds)
 
     def preload(self, backlog: list[Entry], *, complete: bool) -> None:
         """Fill the history with what the backplane held at start; ``complete``: the backlog
@@ -93,7 +95,7 @@ class Consumer:
             return
         await self._outbound.delivery.deliver(entry.position, event)
         if accepted_at:
-            metrics.latency_seconds.observe(max(0.0, time.time() - accepted_at))
+            self._latency.observe(max(0.0, time.time() - accepted_at))
 
     def remember(self, position: str, event: Event) -> None:
         """Keep an event in the recovery window, and the listener changes it carries."""

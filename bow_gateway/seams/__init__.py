@@ -1,4 +1,5 @@
-"""python-socketio and python-engineio, reached into where they offer no public seam.
+"""python-socketio, python-engineio and prometheus-client, reached into where they offer no
+public seam.
 
 Everything the gateway does with their private methods and attributes lives in this package:
 
@@ -8,7 +9,9 @@ Everything the gateway does with their private methods and attributes lives in t
   ``_async["websocket"]``), letting go of aiohttp's per-connection state a websocket never uses;
 - :mod:`.server`: python-socketio's ``AsyncServer`` (``_handle_event``, ``_handle_eio_connect``,
   ``_handle_eio_disconnect``, ``_handle_eio_message``, ``_send_packet``) and ``AsyncManager``
-  (``basic_disconnect``, ``pending_connect``) subclassed.
+  (``basic_disconnect``, ``pending_connect``) subclassed;
+- :mod:`.prometheus`: a histogram's buckets added to once per event-loop step (checked when
+  built: prometheus-client's pins are a range, setup.cfg's).
 
 They are written for the minor versions in :data:`WRITTEN_FOR`, which setup.cfg pins too; the
 README's test command runs the suite at both ends of the pins. Importing this package checks the
