@@ -1,4 +1,5 @@
-"""The HTTP inbound: Basic Auth first, then ``POST {path}`` turns a JSON body into a message.
+"""The HTTP inbound: ``POST {path}`` turns a JSON body into a message, behind Basic Auth
+(:mod:`.inbound_auth`).
 
 Statuses, as the contract says: 401 without valid credentials (whatever the path, so that no one
 learns which paths exist), then 404, 405, 413 (the body, a batch over ``inbound.max_batch``, or an
@@ -17,16 +18,13 @@ empty list is answered ``204`` without it (nothing was positioned).
 from __future__ import annotations
 
 import asyncio
-import base64
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from types import MappingProxyType
 from typing import Any, Final
 
-from aiohttp import BasicAuth, hdrs, web
-from aiohttp.typedefs import Middleware
+from aiohttp import hdrs, web
 
 from .backplanes import BackplaneUnavailable
 from .enrichers import EnricherRefused, EnricherTimeout
@@ -44,51 +42,6 @@ PublishMany = Callable[[list[MessageEvent]], Awaitable[list[str]]]
 Enrich = Callable[[list[Message]], Awaitable[list[Message]]]
 
 
-def basic_auth(
-    *, realm: str, username: str, password: str, is_open: Callable[[str], bool]
-) -> Middleware:
-    """An aiohttp middleware that answers 401 to every request without the credentials.
-
-    ``is_open(path)`` names the gateway's own endpoints, which need no credentials.
-    """
-    expected_user = username.encode()
-    expected_password = password.encode()
-    # What a client sends for these credentials, compared whole first: no decoding per request
-    # (not for a username holding ':', which the decoding below never matches: it splits there)
-    expected_header = b"Basic " + base64.b64encode(expected_user + b":" + expected_password)
-    if b":" in expected_user:
-        expected_header = b"\0"  # no header value holds a NUL
-    challenge = 'Basic realm="{}"'.format(realm.replace("\\", "\\\\").replace('"', '\\"'))
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if is_open(request.path):
-            return await handler(request)
-        header = request.headers.get(hdrs.AUTHORIZATION, "")
-        if hmac.compare_digest(header.encode("utf-8", "surrogateescape"), expected_header):
-            return await handler(request)
-        try:
-            credentials = BasicAuth.decode(header, encoding="utf-8")
-        except ValueError:
-            credentials = None
-        # Both comparisons always run, in constant time, so timing tells nothing.
-        user_ok = hmac.compare_digest(
-            (credentials.login if credentials else "").encode(), expected_user
-        )
-        password_ok = hmac.compare_digest(
-            (credentials.password if credentials else "").encode(), expected_password
-        )
-        if not (credentials and user_ok and password_ok):
-            reason = "wrong credentials" if credentials else "no Basic credentials"
-            logger.info("refused %s %s: %s", request.method, request.path, reason)
-            raise web.HTTPUnauthorized(
-                text=f"401: {reason}", headers={hdrs.WWW_AUTHENTICATE: challenge}
-            )
-        return await handler(request)
-
-    return middleware
-
-
 def message_handler(
     inbound: InboundPlugin,
     publish: PublishMany,
@@ -100,10 +53,12 @@ def message_handler(
     max_predicates: int = 32,
     max_event_bytes: int = 262_144,
     max_batch: int = 1_000,
+    check: Callable[[web.Request], None] | None = None,
 ) -> Handler:
     """The aiohttp handler of one inbound path; ``timeout`` bounds the body's arrival, the
     message function, then the enrichers. ``publish`` returns the events' positions (the last
-    is the ``Bow-Position``); ``enrich`` passes the messages through the enrichers."""
+    is the ``Bow-Position``); ``enrich`` passes the messages through the enrichers; ``check``
+    refuses a request first (the credentials), before it counts as refused."""
     create_message = inbound.function
     read = read_request if inbound.create_message_from_request is not None else read_json
     what = "request" if read is read_request else "body"
@@ -112,6 +67,8 @@ def message_handler(
     limits = {"max_queries": max_queries, "max_predicates": max_predicates}
 
     async def counted(request: web.Request) -> web.StreamResponse:
+        if check is not None:
+            check(request)
         try:
             response, count = await handle(request)
         except web.HTTPException as error:
