@@ -54,7 +54,7 @@ class Consumer:
         if (complete or not backlog) and origin is not None:
             history.restart(origin)  # a client can keep this position before any message
         for entry in backlog:
-            self.remember(entry.position, decode_event(entry.data))
+            self.remember(entry.position, decode_event(entry.data), entry.data)
         history.delivered = history.last
 
     async def run(self) -> None:
@@ -77,7 +77,7 @@ class Consumer:
         accepted_at = event.accepted_at if isinstance(event, MessageEvent) else 0.0
         if accepted_at:
             metrics.backplane_lag_seconds.set(max(0.0, time.time() - accepted_at))
-        self.remember(entry.position, event)  # first: a recovery meanwhile ends here
+        self.remember(entry.position, event, entry.data)  # first: a recovery meanwhile ends here
         if isinstance(event, CountEvent):
             answer = count_answer(
                 self._outbound.delivery.count(event.audience), self._count_max_ids
@@ -88,11 +88,12 @@ class Consumer:
         if accepted_at:
             metrics.latency_seconds.observe(max(0.0, time.time() - accepted_at))
 
-    def remember(self, position: str, event: Event) -> None:
-        """Keep an event in the recovery window, and the listener changes it carries."""
+    def remember(self, position: str, event: Event, data: bytes | None = None) -> None:
+        """Keep an event in the recovery window (a message as ``data``, the bytes it was decoded
+        from, when given), and the listener changes it carries."""
         history = self._history
         accepted_at = event.accepted_at if isinstance(event, MessageEvent) else None
-        history.append(position, event, accepted_at)
+        history.append(position, event, accepted_at, data)
         changes = history.changes
         if isinstance(event, CriteriaEvent):
             entries = entries_of(event.criteria)

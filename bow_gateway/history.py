@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from .changes import Changes
-from .message import DISCONNECT, Message, MessageEvent
+from .message import DISCONNECT, Message, MessageEvent, decode_event
 
 Parse = Callable[[str], "tuple[str, tuple[int, ...]] | None"]
 
@@ -29,14 +29,32 @@ CONTROL_ITEMS: Final = 4  # items of any kind kept, per message of max_count
 
 @dataclass(slots=True)
 class Kept:
-    """One event of the window: a message to replay, or a control event's position."""
+    """One event of the window: a message to replay, or a control event's position.
+
+    A message is kept as the bytes it crossed the backplane as, decoded when a recovery first
+    looks at it: ten thousand decoded messages are some 60,000 objects that every full garbage
+    collection would walk (and the collections before it promote), for a replay that rarely
+    comes.
+    """
 
     position: str
     key: tuple[int, ...]
-    message: MessageEvent | None  # None: a control event, or a message never replayed
+    version: str | None  # the message's middleware version; None: a control event
     at: float  # time.time() when it was accepted
+    data: bytes | None = None  # the message's event as it crossed the backplane, until decoded
+    decoded: MessageEvent | None = None
     # the message as replayed, encoded once per codec (by name) for every socket
     packets: dict[str, bytes] | None = None
+
+    @property
+    def message(self) -> MessageEvent:
+        """The message event (decoded from :attr:`data` once, then kept)."""
+        if self.decoded is None:
+            assert self.data is not None, "a control event is not replayed"
+            event = decode_event(self.data)
+            assert isinstance(event, MessageEvent)
+            self.decoded, self.data = event, None
+        return self.decoded
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,23 +94,36 @@ class History:
     def __len__(self) -> int:
         return len(self._items)
 
-    def append(self, position: str, event: object, accepted_at: float | None = None) -> None:
-        """One more event, delivered by the consumer; a message is kept to be replayed."""
+    def append(
+        self,
+        position: str,
+        event: object,
+        accepted_at: float | None = None,
+        data: bytes | None = None,
+    ) -> None:
+        """One more event, delivered by the consumer; a message is kept to be replayed, as
+        ``data`` (the bytes :func:`~.message.decode_event` read it from) when given."""
         parsed = self._parse(position)
         if parsed is None:
             return
         epoch, key = parsed
         if epoch != self.epoch:
             self.restart(position)
-        message = event if isinstance(event, MessageEvent) else None
-        if message is not None and message.message.name == DISCONNECT:
-            message = None
         at = accepted_at if accepted_at is not None else time.time()
+        if isinstance(event, MessageEvent) and event.message.name != DISCONNECT:
+            version = event.middleware_version
+            kept = (
+                Kept(position, key, version, at, decoded=event)
+                if data is None
+                else Kept(position, key, version, at, data)
+            )
+        else:
+            kept = Kept(position, key, None, at)
         number = self._first + len(self._items)
-        self._items.append(Kept(position, key, message, at))
+        self._items.append(kept)
         self._numbers[position] = number
         self.last = position
-        self._messages += message is not None
+        self._messages += kept.version is not None
         # Control events keep their positions (an ack or a __position may name one) without
         # pushing messages out, within a bound of their own.
         while (
@@ -160,12 +191,7 @@ class History:
                 return Recovery(False, UNKNOWN_POSITION, self.last)
         replay: list[Kept] = []
         for item in self._after(number):
-            message = item.message
-            if (
-                message is not None
-                and message.middleware_version == middleware_version
-                and matches(message.message)
-            ):
+            if item.version == middleware_version and matches(item.message.message):
                 if len(replay) == max_replay:
                     return Recovery(False, TOO_MANY, self.last)
                 replay.append(item)
@@ -182,6 +208,6 @@ class History:
     def _forget_one(self) -> None:
         item = self._items.popleft()
         del self._numbers[item.position]
-        self._messages -= item.message is not None
+        self._messages -= item.version is not None
         self._first += 1
         self._floor = item.key
