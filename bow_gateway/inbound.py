@@ -101,10 +101,14 @@ def message_handler(
                 f"inbound.max_batch ({max_batch})",
             )
         try:
-            messages = [
-                validate_message(value, prefix=str(index) if batch else "", **limits)
-                for index, value in enumerate(raw if batch else [raw])
-            ]
+            messages = (
+                [
+                    validate_message(value, prefix=str(index), **limits)
+                    for index, value in enumerate(raw)
+                ]
+                if batch
+                else [validate_message(raw, prefix="", **limits)]
+            )
         except ValueError as error:  # the first faulty message's
             raise unprocessable(f"invalid message: {error}") from None
         if enrich is not None:
@@ -211,8 +215,11 @@ def _check_json_content_type(request: web.Request) -> None:
     """Refuse a body not sent as JSON, as Bow does: an HTML form, which any site can make a
     browser post, cannot send ``application/json``, so cached Basic credentials cannot be
     abused to push (CSRF)."""
-    if hdrs.CONTENT_TYPE not in request.headers:
+    raw = request.headers.get(hdrs.CONTENT_TYPE)
+    if raw is None:
         raise unprocessable("the request has no Content-Type: send the body as application/json")
+    if raw == "application/json":  # what nearly every client sends: nothing to parse
+        return
     declared = request.content_type  # lower case, without parameters such as charset
     if declared != "application/json" and not declared.endswith("+json"):
         raise unprocessable(
@@ -221,9 +228,13 @@ def _check_json_content_type(request: web.Request) -> None:
 
 
 async def _read(request: web.Request, timeout: float) -> bytes:
+    content = request.content
     try:
-        if request.content.is_eof():  # all of it arrived with the headers: no timer to set
-            return await request.read()  # aiohttp answers 413 past client_max_size
+        if content.is_eof():  # all of it arrived (and decoded) with the headers: no timer to set
+            body = content.read_nowait()  # what request.read() returns, without its loop
+            if len(body) > request.client_max_size > 0:  # as request.read() refuses it
+                raise web.HTTPRequestEntityTooLarge(request.client_max_size)
+            return body
         async with asyncio.timeout(timeout):
             return await request.read()
     except TimeoutError:
