@@ -66,33 +66,14 @@ def message_handler(
     accepted = metrics.messages_accepted.labels(inbound.path)
     limits = {"max_queries": max_queries, "max_predicates": max_predicates}
 
-    async def counted(request: web.Request) -> web.StreamResponse:
-        if check is not None:
-            check(request)
-        try:
-            response, count = await handle(request)
-        except web.HTTPException as error:
-            metrics.messages_refused.labels(inbound.path, str(error.status)).inc()
-            level = logging.WARNING if error.status >= 500 else logging.INFO
-            # The cause, when there is one, is for the log only (a Redis address, a plugin).
-            cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
-            logger.log(
-                level, "refused %s %s: %s%s", request.method, request.path, error.text, cause
-            )
-            raise
-        accepted.inc(count)
-        return response
+    def refused(request: web.Request, error: web.HTTPException) -> None:
+        metrics.messages_refused.labels(inbound.path, str(error.status)).inc()
+        level = logging.WARNING if error.status >= 500 else logging.INFO
+        # The cause, when there is one, is for the log only (a Redis address, a plugin).
+        cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
+        logger.log(level, "refused %s %s: %s%s", request.method, request.path, error.text, cause)
 
-    async def handle(request: web.Request) -> tuple[web.StreamResponse, int]:
-        argument = await read(request, timeout)
-        try:
-            raw = await call_user_function(create_message, argument, timeout)
-        except TimeoutError:
-            late = TimeoutError(f"{describe(create_message)} did not answer within {timeout:g} s")
-            raise unavailable(1) from late
-        except Exception as error:  # noqa: BLE001 - the user's function refused the body
-            raise unprocessable(f"the {what} was refused: {error}") from None
-        batch = isinstance(raw, list)
+    def checked(raw: Any, batch: bool) -> list[Message]:
         if batch and len(raw) > max_batch:
             raise web.HTTPRequestEntityTooLarge(
                 max_batch,
@@ -101,32 +82,51 @@ def message_handler(
                 f"inbound.max_batch ({max_batch})",
             )
         try:
-            messages = (
-                [
-                    validate_message(value, prefix=str(index), **limits)
-                    for index, value in enumerate(raw)
-                ]
-                if batch
-                else [validate_message(raw, prefix="", **limits)]
-            )
+            if not batch:
+                return [validate_message(raw, prefix="", **limits)]
+            return [
+                validate_message(value, prefix=str(index), **limits)
+                for index, value in enumerate(raw)
+            ]
         except ValueError as error:  # the first faulty message's
             raise unprocessable(f"invalid message: {error}") from None
-        if enrich is not None:
-            messages = await enriched(enrich, messages, batch)
-        for index, message in enumerate(messages):
-            check_size(message, f"{index}: " if batch else "", max_event_bytes)
-        if not messages:
-            return web.Response(status=204), 0
-        now = time.time()
-        try:
-            positions = await publish(
-                [MessageEvent(middleware_version, message, now) for message in messages]
-            )
-        except BackplaneUnavailable as error:
-            raise unavailable(error.retry_after) from error
-        return web.Response(status=204, headers={POSITION_HEADER: positions[-1]}), len(messages)
 
-    return counted
+    # One coroutine from the request to the backplane: a request in flight holds every layer
+    # (and the cyclic GC promotes them all when it meets it).
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if check is not None:
+            check(request)
+        try:
+            argument = await read(request, timeout)
+            try:
+                raw = await call_user_function(create_message, argument, timeout)
+            except TimeoutError:
+                late = f"{describe(create_message)} did not answer within {timeout:g} s"
+                raise unavailable(1) from TimeoutError(late)
+            except Exception as error:  # noqa: BLE001 - the user's function refused the body
+                raise unprocessable(f"the {what} was refused: {error}") from None
+            batch = isinstance(raw, list)
+            messages = checked(raw, batch)
+            if enrich is not None:
+                messages = await enriched(enrich, messages, batch)
+            for index, message in enumerate(messages):
+                check_size(message, f"{index}: " if batch else "", max_event_bytes)
+            if not messages:
+                return web.Response(status=204)
+            now = time.time()
+            try:
+                positions = await publish(
+                    [MessageEvent(middleware_version, message, now) for message in messages]
+                )
+            except BackplaneUnavailable as error:
+                raise unavailable(error.retry_after) from error
+        except web.HTTPException as error:
+            refused(request, error)
+            raise
+        accepted.inc(len(messages))
+        return web.Response(status=204, headers={POSITION_HEADER: positions[-1]})
+
+    return handle
 
 
 async def enriched(enrich: Enrich, messages: list[Message], batch: bool) -> list[Message]:
