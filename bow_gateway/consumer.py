@@ -60,7 +60,7 @@ class Consumer:
         if (complete or not backlog) and origin is not None:
             history.restart(origin)  # a client can keep this position before any message
         for entry in backlog:
-            self.remember(entry.position, decode_event(entry.data))
+            self.remember(entry.position, decode_event(entry.data), entry.data)
         history.delivered = history.last
 
     async def run(self) -> None:
@@ -86,7 +86,7 @@ class Consumer:
             if now >= self._lag_due:  # a gauge read every few seconds: set 100 times a second
                 self._lag_due = now + LAG_EVERY
                 metrics.backplane_lag_seconds.set(max(0.0, now - accepted_at))
-        self.remember(entry.position, event)  # first: a recovery meanwhile ends here
+        self.remember(entry.position, event, entry.data)  # first: a recovery meanwhile ends here
         if isinstance(event, CountEvent):
             answer = count_answer(
                 self._outbound.delivery.count(event.audience), self._count_max_ids
@@ -97,11 +97,12 @@ class Consumer:
         if accepted_at:
             self._latency.observe(max(0.0, time.time() - accepted_at))
 
-    def remember(self, position: str, event: Event) -> None:
-        """Keep an event in the recovery window, and the listener changes it carries."""
+    def remember(self, position: str, event: Event, data: bytes | None = None) -> None:
+        """Keep an event in the recovery window (a message as ``data``, the bytes it was decoded
+        from, when given), and the listener changes it carries."""
         history = self._history
         accepted_at = event.accepted_at if isinstance(event, MessageEvent) else None
-        history.append(position, event, accepted_at)
+        history.append(position, event, accepted_at, data)
         changes = history.changes
         if isinstance(event, CriteriaEvent):
             entries = entries_of(event.criteria)
