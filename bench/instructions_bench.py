@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,13 +43,21 @@ from _redis import RedisServer
 TOTALS = re.compile(rb"^totals:\s+(\d+)", re.MULTILINE)
 
 
-def start(source: str | None, redis: RedisServer, out: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """``_gateway.py`` under callgrind, counting off; (process, port)."""
+def start(
+    source: str | None, redis: RedisServer, out: Path, cprofile: str | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
+    """``_gateway.py`` under callgrind, counting off (or natively, with cProfile); (process,
+    port)."""
     namespace = "instructions"
     rules = [{"filter": "chat/#", "max_count": 1_000_000, "max_age": 86_400}]
     command = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+    command += [f"--callgrind-out-file={out}"]
     script = str(history.redis_bench.HERE / "_gateway.py")
-    command += [f"--callgrind-out-file={out}", sys.executable, script]
+    command = (
+        [sys.executable, script, "--profile", cprofile]
+        if cprofile
+        else [*command, sys.executable, script]
+    )
     command += ["--namespace", namespace, "--redis", redis.url, "--envelope"]
     command += ["--history", json.dumps(rules)]
     env = dict(os.environ)
@@ -113,16 +122,23 @@ async def measure(source: str | None, args: argparse.Namespace, redis: RedisServ
     redis.flush()
     with tempfile.TemporaryDirectory(prefix="instructions-") as work:
         out = Path(work) / "callgrind.out"
-        process, port = start(source, redis, out)
+        process, port = start(source, redis, out, args.cprofile)
         try:
             subscriber = await history.subscribe(port, "chat/room1", "instructions")
             url = f"http://127.0.0.1:{port}{gateway.PATH}"
             await post_all(url, subscriber, args.warmup, args.batch, args.posters)
             base = subscriber.count
-            control(process.pid, "-i", "on")
+            if args.cprofile:
+                os.kill(process.pid, signal.SIGUSR1)
+            else:
+                control(process.pid, "-i", "on")
             await post_all(url, subscriber, base + args.messages, args.batch, args.posters)
-            control(process.pid, "-i", "off")
-            control(process.pid, "--dump")
+            if args.cprofile:
+                os.kill(process.pid, signal.SIGUSR2)
+                await asyncio.sleep(1)
+            else:
+                control(process.pid, "-i", "off")
+                control(process.pid, "--dump")
             if subscriber.transport is not None:
                 subscriber.transport.close()
         finally:
@@ -143,6 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--posters", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--cprofile", help="instead of callgrind: run natively and write cProfile's stats here"
+    )
     args = parser.parse_args(argv)
     print(common.environment(["aiohttp", "redis", "hiredis"]), flush=True)
     sources: list[str | None] = list(args.gateway or [None])
