@@ -87,11 +87,10 @@ class BasicAuth:
         checks_itself: bool = False,
         allow_head: bool = True,
     ) -> None:
-        """Route ``method`` on ``path`` (``GET`` also takes ``HEAD`` unless not
-        ``allow_head``, as ``add_get``) to
-        ``handler`` behind the credentials. ``checks_itself``: ``handler`` calls :meth:`check`
-        first itself (the inbound's, saving a layer), valid only for a path without parameters
-        that is not open."""
+        """Route ``method`` on ``path`` to ``handler`` behind the credentials (``GET`` also
+        takes ``HEAD`` unless not ``allow_head``, as ``add_get``). ``checks_itself``:
+        ``handler`` calls :meth:`check` first itself (the inbound's, saving a layer), valid only
+        for a path without parameters that is not open."""
         routed = self._routed(method, path, handler, checks_itself)
         if method == hdrs.METH_GET:
             app.router.add_get(path, routed, allow_head=allow_head)
