@@ -15,18 +15,19 @@ from __future__ import annotations
 import base64
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Final
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Final
 
 from aiohttp import BasicAuth as Credentials
 from aiohttp import hdrs, web
+from yarl import URL
 
 logger = logging.getLogger("bow_gateway.inbound")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-CATCH_ALL: Final = "/{_unrouted:.*}"
-"""The last route: what no other route takes comes here (after the others, in aiohttp's order)."""
+CATCH_ALL: Final = "/"
+"""The catch-all's canonical path: aiohttp tries its resources under ``/`` last."""
 
 
 class BasicAuth:
@@ -86,11 +87,17 @@ class BasicAuth:
         checks_itself: bool = False,
         allow_head: bool = True,
     ) -> None:
-        """Route ``method`` on ``path`` (``GET`` also takes ``HEAD`` unless not
-        ``allow_head``, as ``add_get``) to
-        ``handler`` behind the credentials. ``checks_itself``: ``handler`` calls :meth:`check`
-        first itself (the inbound's, saving a layer), valid only for a path without parameters
-        that is not open."""
+        """Route ``method`` on ``path`` to ``handler`` behind the credentials (``GET`` also
+        takes ``HEAD`` unless not ``allow_head``, as ``add_get``). ``checks_itself``:
+        ``handler`` calls :meth:`check` first itself (the inbound's, saving a layer), valid only
+        for a path without parameters that is not open."""
+        routed = self._routed(method, path, handler, checks_itself)
+        if method == hdrs.METH_GET:
+            app.router.add_get(path, routed, allow_head=allow_head)
+        else:
+            app.router.add_route(method, path, routed)
+
+    def _routed(self, method: str, path: str, handler: Handler, checks_itself: bool) -> Handler:
         if self._sealed:
             raise RuntimeError(f"route {method} {path} added after the routes were sealed")
         plain = "{" not in path
@@ -103,15 +110,15 @@ class BasicAuth:
         else:  # a parameter may match an open path: checked on each request's, as before
             routed = self._guarded(handler)
         self._issued.add(routed)
-        if method == hdrs.METH_GET:
-            app.router.add_get(path, routed, allow_head=allow_head)
-        else:
-            app.router.add_route(method, path, routed)
+        return routed
 
     def seal(self, app: web.Application) -> None:
         """Add the catch-all route, then refuse (``RuntimeError``) an app holding a route that
         did not come from :meth:`add`: it would answer without credentials."""
-        self.add(app, hdrs.METH_ANY, CATCH_ALL, _unrouted)
+        # any path, "*" too (which no route's path can match), its own open or not on each request
+        catch_all = _CatchAll()
+        catch_all.route(self._routed(hdrs.METH_ANY, "/{any}", catch_all.answer, False))
+        app.router.register_resource(catch_all)
         self._sealed = True
         for route in app.router.routes():
             if route.handler not in self._issued:
@@ -140,13 +147,48 @@ class BasicAuth:
         return guarded
 
 
-async def _unrouted(request: web.Request) -> web.StreamResponse:
-    """What no route took (its credentials checked): ``405`` naming the methods of the routes
-    its path matches, else ``404``, as aiohttp's router answers."""
-    allowed: set[str] = set()
-    for resource in request.app.router.resources():
-        if resource.canonical != "/{_unrouted}":
-            allowed |= (await resource.resolve(request))[1]
-    if allowed:
-        raise web.HTTPMethodNotAllowed(request.method, allowed)
-    raise web.HTTPNotFound()
+class _CatchAll(web.AbstractResource):
+    """The last resource: takes every request no other took, whatever its path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._routes: list[web.ResourceRoute] = []
+
+    def route(self, handler: Handler) -> None:
+        self._routes.append(web.ResourceRoute(hdrs.METH_ANY, handler, self))
+
+    async def answer(self, request: web.Request) -> web.StreamResponse:
+        """``405`` naming the methods of the routes the path matches, else ``404``, as
+        aiohttp's router answers (the credentials checked first)."""
+        allowed: set[str] = set()
+        for resource in request.app.router.resources():
+            if resource is not self:
+                allowed |= (await resource.resolve(request))[1]
+        if allowed:
+            raise web.HTTPMethodNotAllowed(request.method, allowed)
+        raise web.HTTPNotFound()
+
+    @property
+    def canonical(self) -> str:
+        return CATCH_ALL
+
+    def url_for(self, **kwargs: str) -> URL:
+        return URL(CATCH_ALL)
+
+    async def resolve(self, request: web.Request) -> tuple[web.UrlMappingMatchInfo, set[str]]:
+        return web.UrlMappingMatchInfo({}, self._routes[0]), set()
+
+    def add_prefix(self, prefix: str) -> None:
+        raise NotImplementedError("the catch-all is not for a sub-application")
+
+    def get_info(self) -> Any:  # aiohttp's private TypedDict: nothing to tell
+        return {}
+
+    def raw_match(self, path: str) -> bool:
+        return False  # never a resource that add_route reuses
+
+    def __len__(self) -> int:
+        return len(self._routes)
+
+    def __iter__(self) -> Iterator[web.ResourceRoute]:
+        return iter(self._routes)

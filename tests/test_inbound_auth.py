@@ -4,6 +4,7 @@ what no route takes is refused the same way before its 404 or 405."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -38,9 +39,12 @@ def app_of(bow: Bow) -> web.Application:
 
 
 def concrete(route: web.AbstractRoute) -> str:
-    """A path the route takes: its own, with "x" for each parameter."""
+    """A path the route takes: its own, with "x" for each parameter ("/x" for the catch-all,
+    which takes any)."""
     assert route.resource is not None
     info = route.resource.get_info()
+    if not info:
+        return "/x"
     return info.get("path") or re.sub(r"\{[^}]*\}", "x", info["formatter"])
 
 
@@ -143,3 +147,13 @@ async def test_a_route_added_around_the_credentials_is_refused_at_start() -> Non
         auth.seal(app)
     with pytest.raises(RuntimeError, match="after the routes were sealed"):
         auth.add(app, "GET", "/late", handler)
+
+
+async def test_a_request_for_no_path_at_all_is_401_too(url: str) -> None:
+    """``OPTIONS *`` (a request-target that is not a path): no route's path can match it."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"OPTIONS * HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    status = await reader.readline()
+    writer.close()
+    assert status.startswith(b"HTTP/1.1 401 ")
