@@ -5,10 +5,11 @@ python-engineio serves a websocket with a reader loop that starts a task and a `
 packet received, a writer task that waits on a queue (another ``wait_for`` and task per wake-up)
 and a task per socket per ping: at 10,000 sockets, most of the gateway's objects, memory and
 idle CPU. :class:`LeanSocket` keeps engineio's protocol and its server's bookkeeping, and
-replaces that machinery for the websocket transport: one reader loop (the websocket's own
-request task, inlined in engineio's websocket handler; a client that stops answering pings is
-closed by engineio's service task), packets written straight to the transport, pings from one
-timer per tick for all sockets (:mod:`.pings`). Long-polling
+replaces that machinery for the websocket transport: the websocket's driver (:mod:`.websocket`)
+hands each message to :meth:`LeanSocket.received` (a PONG is handled there and then; other
+packets by a task that lives only while some wait), packets are written straight to the
+transport, pings go from one timer per tick for all sockets (:mod:`.pings`), and a client that
+stops answering them is closed by engineio's service task. Long-polling
 sockets keep engineio's queue, with bounds: a poll response carries at most what python-engineio's
 client accepts, the queue is counted in bytes, and a client that stops polling is dropped.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
+from collections import deque
 from typing import Any, Final
 
 from engineio import exceptions as eio_exceptions
@@ -51,6 +53,8 @@ PACKET_OVERHEAD: Final = 64
 INCOMING_RATE: Final = 20.0
 INCOMING_BURST: Final = 100.0
 """Packets a client may send: ``INCOMING_BURST`` at once, then ``INCOMING_RATE`` a second."""
+INBOX: Final = 16
+"""Packets of a websocket waiting to be handled before its reading pauses."""
 _ACCEPTED: Final = frozenset({eio_packet.PONG, eio_packet.MESSAGE, eio_packet.CLOSE})
 
 
@@ -102,6 +106,8 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
     _poll_timer: asyncio.TimerHandle | None = None
     _closer: asyncio.Future[Any] | None = None
     _incoming: TokenBucket | None = None
+    _inbox: deque[eio_packet.Packet | ProtocolViolation | None] | None = None
+    _reader: asyncio.Task[None] | None = None  # reads the inbox while it holds something
     _polls: int = 0  # long-polling GETs under way
     # engineio's own state, set by its constructor
     queue: Any  # an asyncio.Queue, then _DRAINED once the socket is a websocket
@@ -246,6 +252,12 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             # Already forgotten (shut while this POST ran): engineio's handler would fail on it
 
     async def receive(self, pkt: eio_packet.Packet) -> None:
+        self._admit(pkt)
+        await super().receive(pkt)
+
+    def _admit(self, pkt: eio_packet.Packet) -> None:
+        """Raise :class:`ProtocolViolation` for a packet no Engine.IO client sends, or one past
+        the rate."""
         if pkt.packet_type not in _ACCEPTED:
             raise ProtocolViolation(f"an Engine.IO packet of type {pkt.packet_type!r}")
         if not isinstance(pkt.data, str | None):
@@ -255,7 +267,63 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             bucket = self._incoming = TokenBucket(INCOMING_RATE, INCOMING_BURST)
         if not bucket.take():
             raise ProtocolViolation(f"over {INCOMING_RATE:g} packets a second")
-        await super().receive(pkt)
+
+    def received(self, data: str | bytes) -> bool:
+        """A message of this socket's websocket, from its driver, in order: a PONG with nothing
+        before it waiting is handled now, anything else by a task that lives while there is
+        something to read. False once :data:`INBOX` wait (the driver pauses its reading)."""
+        try:
+            pkt = _decode(data)
+            self._admit(pkt)
+        except ProtocolViolation as error:
+            self._take_in(error)
+            return False  # closed next: nothing more is read
+        if self._inbox is None and pkt.packet_type == eio_packet.PONG:
+            self.schedule_ping()  # what engineio's receive() does with a PONG
+            return True
+        return self._take_in(pkt)
+
+    def lost(self) -> None:
+        """The websocket ended (either side closed it, or the connection was lost)."""
+        self._take_in(None)
+
+    def _take_in(self, item: eio_packet.Packet | ProtocolViolation | None) -> bool:
+        inbox = self._inbox
+        if inbox is None:
+            inbox = self._inbox = deque()
+            self._reader = asyncio.ensure_future(self._read(inbox))
+        inbox.append(item)
+        return len(inbox) < INBOX
+
+    async def _read(self, inbox: deque[eio_packet.Packet | ProtocolViolation | None]) -> None:
+        """What the websocket took in, in order: packets, a violation, its end."""
+        try:
+            while inbox:
+                item = inbox.popleft()
+                try:
+                    if item is None:
+                        await self._ended()
+                    elif isinstance(item, ProtocolViolation):
+                        await self.violated(item)
+                    elif not (self.closing or self.closed):
+                        await AsyncSocket.receive(self, item)
+                except eio_exceptions.SocketIsClosedError:
+                    pass
+                except Exception:  # the packets after it, and the websocket's end, still count
+                    logger.exception("Engine.IO connection %s: a packet failed", self.sid)
+        finally:
+            self._inbox = self._reader = None
+            websocket = self._websocket
+            if websocket is not None and not (self.closing or self.closed):
+                websocket.resume()
+
+    async def _ended(self) -> None:
+        """Close the socket whose websocket ended, and forget it (engineio's request handler
+        did, once its websocket's handler returned)."""
+        self.transport = None
+        await self.close(wait=False, abort=True, reason=self.server.reason.TRANSPORT_CLOSE)
+        if self.server.sockets.get(self.sid) is self:
+            del self.server.sockets[self.sid]
 
     async def violated(self, error: Exception) -> None:
         """Close this connection for what its client sent; say so once, without a traceback.
@@ -285,16 +353,17 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
         await super().close(wait=wait, abort=abort, reason=reason)
         websocket = self._websocket
         if websocket is not None:
-            if not websocket._sock.closed:
-                # engineio's writer task used to close it: the reader loop then ends
-                self._closer = asyncio.ensure_future(websocket.close())
+            # The driver tells lost() once the connection ends: when the client answers the
+            # close frame, or at once for an abort
+            websocket.close(now=abort)
         elif abort and was_open:
             # Ends a long-poll under way, which would otherwise wait out its 45 s: also when
             # the client itself sent CLOSE (python-socketio's client then waited that long).
             self.queue.put_nowait(None)
 
     async def _websocket_handler(self, ws: Any) -> None:
-        """Engine.IO over this websocket: the upgrade handshake, then one reader loop."""
+        """Engine.IO over this websocket: the upgrade handshake, then the driver hands what it
+        reads to :meth:`received`."""
         if self.connected:  # an upgrade from long-polling
             self.upgrading = True  # engineio queues what is sent meanwhile
             try:
@@ -326,32 +395,14 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
                 self.write(_frame_of(pkt))
         self.queue = _DRAINED
         self.queued_bytes = 0
-        # The reader loop, here rather than in a coroutine of its own, and reading aiohttp's
-        # websocket rather than the driver's wait(): frames a socket would keep for its whole
-        # life. No deadline per read (a timer and a Timeout per idle socket): a client that
-        # stops answering pings is closed by engineio's service task (check_ping_timeout),
-        # which ends this loop.
-        limit = self.server.max_http_buffer_size
-        receive = ws.websocket.receive
-        try:
-            while not (self.closing or self.closed):  # it may have been closed while upgrading
-                try:
-                    data = (await receive()).data
-                except OSError:
-                    break
-                if not isinstance(data, str | bytes) or len(data) > limit:
-                    break  # closed (data: its code), or an error
-                try:
-                    await self.receive(_decode(data))
-                except ProtocolViolation as error:
-                    await self.violated(error)
-                    break
-                except eio_exceptions.SocketIsClosedError:
-                    break
-        finally:  # also when aiohttp cancels the handler
+        if self.closing or self.closed:  # closed while upgrading
             self.transport = None
-            await self.close(wait=False, abort=True, reason=self.server.reason.TRANSPORT_CLOSE)
-            await ws.close()
+            ws.close(now=True)
+            return
+        # From now on the driver hands what it reads to received(), and this handler returns:
+        # no coroutine frame, task or timer is kept for an idle websocket. A client that stops
+        # answering pings is closed by engineio's service task (check_ping_timeout).
+        ws.attach(self)
 
 
 def _upgrades_to_websocket(environ: dict[str, Any]) -> bool:
