@@ -94,21 +94,53 @@ class _Drained:
 _DRAINED: Final = _Drained()
 
 
+class _Lean:
+    """What :class:`LeanSocket` adds to engineio's socket, in one object with slots: engineio's
+    socket keeps its attributes inline in the object while few are added (~0.2 KB), and turns
+    them into a dict of its own (~0.9 KB) once more are."""
+
+    __slots__ = (
+        "closer",
+        "inbox",
+        "incoming",
+        "ping_due",
+        "poll_timer",
+        "polls",
+        "queued_bytes",
+        "reader",
+        "transport",
+        "websocket",
+    )
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None  # while a websocket
+        self.queued_bytes = 0  # what waits in engineio's queue for a long-poll
+        self.websocket: Any = None  # its driver, once upgraded
+        self.ping_due: float | None = None  # the tick of the ping wheel it is pinged at
+        self.poll_timer: asyncio.TimerHandle | None = None
+        self.closer: asyncio.Future[Any] | None = None
+        self.incoming: TokenBucket | None = None
+        self.inbox: deque[eio_packet.Packet | ProtocolViolation | None] | None = None
+        self.reader: asyncio.Task[None] | None = None  # reads the inbox while it holds some
+        self.polls = 0  # long-polling GETs under way
+
+
 class LeanSocket(AsyncSocket):  # type: ignore[misc]
     """An engineio socket whose websocket transport needs no task per packet (module doc)."""
 
-    transport: asyncio.Transport | None = None
-    """Set while the socket is a websocket: what is sent is written straight to it."""
-    queued_bytes: int = 0
-    """What waits in engineio's queue for a long-poll, in bytes (:data:`PACKET_OVERHEAD` each)."""
-    _websocket: Any = None
-    _ping_due: float | None = None  # the tick of the ping wheel this socket is pinged at
-    _poll_timer: asyncio.TimerHandle | None = None
-    _closer: asyncio.Future[Any] | None = None
-    _incoming: TokenBucket | None = None
-    _inbox: deque[eio_packet.Packet | ProtocolViolation | None] | None = None
-    _reader: asyncio.Task[None] | None = None  # reads the inbox while it holds something
-    _polls: int = 0  # long-polling GETs under way
+    _lean: _Lean  # set by make_lean
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        """Set while the socket is a websocket: what is sent is written straight to it."""
+        return self._lean.transport
+
+    @property
+    def queued_bytes(self) -> int:
+        """What waits in engineio's queue for a long-poll, in bytes (:data:`PACKET_OVERHEAD`
+        each)."""
+        return self._lean.queued_bytes
+
     # engineio's own state, set by its constructor
     queue: Any  # an asyncio.Queue, then _DRAINED once the socket is a websocket
     last_ping: float | None
@@ -120,28 +152,28 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
 
     def write(self, frame: bytes) -> bool:
         """Write a whole WebSocket frame now, if the socket is an open websocket."""
-        transport = self.transport
+        transport = self._lean.transport
         if transport is None or transport.is_closing():
             return False
         transport.write(frame)
         return True
 
     async def send(self, pkt: eio_packet.Packet) -> None:
-        if self.transport is not None:
+        if self._lean.transport is not None:
             if await self.check_ping_timeout():
                 self.write(_frame_of(pkt))
-        elif self._websocket is None:
-            self.queued_bytes += _size(pkt)
+        elif self._lean.websocket is None:
+            self._lean.queued_bytes += _size(pkt)
             await super().send(pkt)  # long-polling, or not upgraded yet: engineio's queue
         # else the websocket is ending: nothing would ever read the queue
 
     def enqueue(self, data: str) -> bool:
         """Queue a MESSAGE for a long-poll now, without yielding (delivery order is kept across
         sockets); False if the socket is (becoming) a websocket or closed."""
-        if self.transport is not None or self._websocket is not None or self.closing:
+        if self._lean.transport is not None or self._lean.websocket is not None or self.closing:
             return False
         pkt = eio_packet.Packet(eio_packet.MESSAGE, data)
-        self.queued_bytes += _size(pkt)
+        self._lean.queued_bytes += _size(pkt)
         self.queue.put_nowait(pkt)
         return True
 
@@ -150,14 +182,14 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             return
         if self.last_ping:  # the previous ping was answered (or none was sent)
             self.last_ping = None
-            self._ping_due = PingWheel.of(self.server).add(self, self.server.ping_interval)
+            self._lean.ping_due = PingWheel.of(self.server).add(self, self.server.ping_interval)
 
     def _ping(self) -> None:
-        self._ping_due = None
+        self._lean.ping_due = None
         if self.closing or self.closed:
             return
         self.last_ping = time.time()
-        if self._websocket is None:
+        if self._lean.websocket is None:
             self.queue.put_nowait(eio_packet.Packet(eio_packet.PING))  # long-polling
         else:
             self.write(PING_FRAME)
@@ -183,7 +215,7 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
                 break
             packets.append(pkt)
             size += _size(pkt)
-        self.queued_bytes = max(0, self.queued_bytes - size)
+        self._lean.queued_bytes = max(0, self._lean.queued_bytes - size)
         return packets
 
     async def handle_get_request(self, environ: dict[str, Any]) -> Any:
@@ -197,32 +229,33 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             if driver is None:
                 return self.server._bad_request()
             return await driver(self._websocket_handler, self.server)(environ)
-        self._polls += 1
+        self._lean.polls += 1
         try:
             return await super().handle_get_request(environ)
         except eio_exceptions.QueueEmpty as error:  # a long-poll that waited in vain
             # engineio raised it from a frame that holds it in a local (sys.exc_info()): a cycle
             traceback.clear_frames(error.__traceback__)
         finally:
-            self._polls -= 1
+            self._lean.polls -= 1
             # Not while another poll waits (a stale one the client left after a network blip)
-            if not (self._polls or self.upgrading or self.upgraded or self.closing or self.closed):
+            lean = self._lean
+            if not (lean.polls or self.upgrading or self.upgraded or self.closing or self.closed):
                 # A long-polling client polls again as soon as it has a response: one that
                 # does not within ping_timeout has gone, and nothing should wait for it.
                 loop = asyncio.get_running_loop()
-                self._poll_timer = loop.call_later(self.server.ping_timeout, self._poll_missed)
+                self._lean.poll_timer = loop.call_later(self.server.ping_timeout, self._poll_missed)
         raise eio_exceptions.QueueEmpty()
 
     def _poll_missed(self) -> None:
-        self._poll_timer = None
+        self._lean.poll_timer = None
         if not (self.upgrading or self.upgraded or self.closing or self.closed):
             reason = self.server.reason.PING_TIMEOUT
-            self._closer = asyncio.ensure_future(self.shut(abort=True, reason=reason))
+            self._lean.closer = asyncio.ensure_future(self.shut(abort=True, reason=reason))
 
     def _cancel_poll_timer(self) -> None:
-        if self._poll_timer is not None:
-            self._poll_timer.cancel()
-            self._poll_timer = None
+        if self._lean.poll_timer is not None:
+            self._lean.poll_timer.cancel()
+            self._lean.poll_timer = None
 
     async def handle_post_request(self, environ: dict[str, Any]) -> None:
         """Packets a long-polling client sent: at most ``max_http_buffer_size`` bytes of them."""
@@ -262,9 +295,9 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             raise ProtocolViolation(f"an Engine.IO packet of type {pkt.packet_type!r}")
         if not isinstance(pkt.data, str | None):
             raise ProtocolViolation("a binary packet (this gateway takes none from clients)")
-        bucket = self._incoming
+        bucket = self._lean.incoming
         if bucket is None:
-            bucket = self._incoming = TokenBucket(INCOMING_RATE, INCOMING_BURST)
+            bucket = self._lean.incoming = TokenBucket(INCOMING_RATE, INCOMING_BURST)
         if not bucket.take():
             raise ProtocolViolation(f"over {INCOMING_RATE:g} packets a second")
 
@@ -278,7 +311,7 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
         except ProtocolViolation as error:
             self._take_in(error)
             return False  # closed next: nothing more is read
-        if self._inbox is None and pkt.packet_type == eio_packet.PONG:
+        if self._lean.inbox is None and pkt.packet_type == eio_packet.PONG:
             self.schedule_ping()  # what engineio's receive() does with a PONG
             return True
         return self._take_in(pkt)
@@ -288,10 +321,10 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
         self._take_in(None)
 
     def _take_in(self, item: eio_packet.Packet | ProtocolViolation | None) -> bool:
-        inbox = self._inbox
+        inbox = self._lean.inbox
         if inbox is None:
-            inbox = self._inbox = deque()
-            self._reader = asyncio.ensure_future(self._read(inbox))
+            inbox = self._lean.inbox = deque()
+            self._lean.reader = asyncio.ensure_future(self._read(inbox))
         inbox.append(item)
         return len(inbox) < INBOX
 
@@ -312,15 +345,15 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
                 except Exception:  # the packets after it, and the websocket's end, still count
                     logger.exception("Engine.IO connection %s: a packet failed", self.sid)
         finally:
-            self._inbox = self._reader = None
-            websocket = self._websocket
+            self._lean.inbox = self._lean.reader = None
+            websocket = self._lean.websocket
             if websocket is not None and not (self.closing or self.closed):
                 websocket.resume()
 
     async def _ended(self) -> None:
         """Close the socket whose websocket ended, and forget it (engineio's request handler
         did, once its websocket's handler returned)."""
-        self.transport = None
+        self._lean.transport = None
         await self.close(wait=False, abort=True, reason=self.server.reason.TRANSPORT_CLOSE)
         if self.server.sockets.get(self.sid) is self:
             del self.server.sockets[self.sid]
@@ -345,13 +378,13 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
         await self.close(wait=False, abort=abort, reason=reason)
 
     async def close(self, wait: bool = True, abort: bool = False, reason: Any = None) -> None:
-        if self._ping_due is not None:
-            PingWheel.of(self.server).discard(self, self._ping_due)
-            self._ping_due = None
+        if self._lean.ping_due is not None:
+            PingWheel.of(self.server).discard(self, self._lean.ping_due)
+            self._lean.ping_due = None
         self._cancel_poll_timer()
         was_open = not (self.closing or self.closed)
         await super().close(wait=wait, abort=abort, reason=reason)
-        websocket = self._websocket
+        websocket = self._lean.websocket
         if websocket is not None:
             # The driver tells lost() once the connection ends: when the client answers the
             # close frame, or at once for an abort
@@ -386,17 +419,17 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             self.connected = self.upgraded = True
         # What waits in the queue (the OPEN packet, or what the long-polling client has not
         # fetched) is written first, then everything goes straight to the transport: in order.
-        self._websocket = ws
-        self.transport = ws.transport
+        self._lean.websocket = ws
+        self._lean.transport = ws.transport
         while not self.queue.empty():
             pkt = self.queue.get_nowait()
             self.queue.task_done()
             if pkt is not None:
                 self.write(_frame_of(pkt))
         self.queue = _DRAINED
-        self.queued_bytes = 0
+        self._lean.queued_bytes = 0
         if self.closing or self.closed:  # closed while upgrading
-            self.transport = None
+            self._lean.transport = None
             ws.close(now=True)
             return
         # From now on the driver hands what it reads to received(), and this handler returns:
@@ -429,4 +462,5 @@ def make_lean(server: Any, eio_sid: str) -> None:
     """Turn engineio's new socket ``eio_sid`` into a :class:`LeanSocket` (same state, methods)."""
     socket = server.sockets.get(eio_sid)
     if type(socket) is AsyncSocket:
+        socket._lean = _Lean()
         socket.__class__ = LeanSocket
