@@ -26,6 +26,7 @@ ulimit -n 20000
 cd "$w"
 for round in $rounds; do
   for src in "$@"; do
+    rm -f server.log  # not the last session's READY: the redirect below happens in the background
     hport=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
     PYTHONPATH=$src${EXTRA_PATH:+:$EXTRA_PATH} REDIS_PORT=$port PORT=$hport taskset -c 0 "$py" server_gw.py >server.log 2>&1 &
     spid=$!
