@@ -60,7 +60,7 @@ class WebSocketDriver(FrameReader):
         super().__init__(server.max_http_buffer_size)
         self.handler: Any = handler  # the socket's _websocket_handler, until it returns
         self.server: Any = server
-        self.environ: dict[str, Any] = {}
+        self.environ: dict[str, Any] | None = None  # the request's, while the handler runs
         self._reader: Reader | None = None
         self._early: deque[str | bytes] | None = deque()
         self._waiter: asyncio.Future[str | bytes] | None = None
@@ -82,20 +82,19 @@ class WebSocketDriver(FrameReader):
         try:
             await self.handler(self)
         finally:
-            self.handler = None
-            self.environ = {}
-            if self._reader is None:  # no socket took it (an upgrade that failed): closed
-                self.close()
+            self.handler = self.environ = None
+            if self._reader is None:  # no socket took it (an upgrade that failed, or the
+                self.close()  # connection was lost meanwhile): closed
         return _Detached()
 
     def attach(self, reader: Reader) -> None:
         """From now on, what the client sends goes to ``reader``: first what :meth:`wait` did
         not take, in order."""
         early, self._early = self._early, None
-        self._reader = reader
-        if self.transport is None:
+        if self.transport is None:  # lost during the upgrade: not kept, so no cycle
             reader.lost()
             return
+        self._reader = reader
         paused = False
         for data in early or ():
             paused = not reader.received(data) or paused
