@@ -7,6 +7,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from .config import JobConfig
@@ -66,13 +67,24 @@ def executor_python(
     return chosen or (sys.executable if local else None)
 
 
+DAEMON_MODULE: Final = "spark.python.daemon.module"
+WORKER_PATH: Final = "spark.executorEnv.PYTHONPATH"
+WARM_DAEMON: Final = "bow_spark_daemon"
+"""bow_gateway/seams/spark_daemon/: PySpark's daemon, importing what each worker needs once."""
+
+
 def local_defaults(cores: int, config: JobConfig) -> dict[str, str]:
     """Settings for Spark on one machine (the job file's own ``spark.conf`` comes on top)."""
-    return {
+    defaults = {
         # Spark's 200 shuffle partitions cost seconds of task overhead on one machine.
         "spark.sql.shuffle.partitions": str(2 * cores),
         JAVA_OPTIONS: driver_java_options(config, local=True),
     }
+    if not {DAEMON_MODULE, WORKER_PATH} & set(config.spark_conf):
+        folder = Path(__file__).resolve().parent.parent / "seams" / "spark_daemon"
+        defaults[DAEMON_MODULE] = WARM_DAEMON
+        defaults[WORKER_PATH] = str(folder)
+    return defaults
 
 
 def driver_java_options(config: JobConfig, *, local: bool) -> str:

@@ -1,4 +1,4 @@
-"""python-socketio and python-engineio, reached into where they offer no public seam.
+"""python-socketio and python-engineio (and PySpark), reached into where they offer no public seam.
 
 Everything the gateway does with their private methods and attributes lives in this package:
 
@@ -8,7 +8,10 @@ Everything the gateway does with their private methods and attributes lives in t
   ``_async["websocket"]``), letting go of aiohttp's per-connection state a websocket never uses;
 - :mod:`.server`: python-socketio's ``AsyncServer`` (``_handle_event``, ``_handle_eio_connect``,
   ``_handle_eio_disconnect``, ``_handle_eio_message``, ``_send_packet``) and ``AsyncManager``
-  (``basic_disconnect``, ``pending_connect``) subclassed.
+  (``basic_disconnect``, ``pending_connect``) subclassed;
+- ``spark_daemon/bow_spark_daemon.py``: PySpark's daemon (its private ``pyspark.daemon.manager``)
+  for the criteria job's local runs, with the workers' imports done once before it forks. Not a
+  module of this package: the job puts its folder on the Python workers' path.
 
 They are written for the minor versions in :data:`WRITTEN_FOR`, which setup.cfg pins too; the
 README's test command runs the suite at both ends of the pins. Importing this package checks the
