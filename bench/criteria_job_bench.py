@@ -165,8 +165,13 @@ class TreeCPU:
                         name = comm.read().strip()
                 except OSError:
                     continue
-                kind = "driver" if pid == self.root else "jvm" if name == "java" else "python"
-                self.seen[pid] = (kind if name.startswith(("java", "python")) else "other", cpu)
+                if pid == self.root:
+                    kind = "driver"
+                elif name == "java":
+                    kind = "jvm"
+                else:  # PySpark's daemon and workers (anything else the job would start)
+                    kind = "python"
+                self.seen[pid] = (kind, cpu)
 
     def totals(self) -> dict[str, float]:
         self.stop.set()
