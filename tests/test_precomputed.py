@@ -146,7 +146,7 @@ def test_coded_strings_are_read_through_the_pointers_codes() -> None:
         "role": ["subscriber", "admin"],
     }
     assert coded.criteria(b"[0]") == {"plan": "free"}
-    for bad in (b"[2]", b"[-1]", b'[0,null,[0,5]]'):
+    for bad in (b"[2]", b"[-1]", b"[0,null,[0,5]]"):
         with pytest.raises(ValueError, match="a code the pointer has not"):
             coded.criteria(bad)
     with pytest.raises(ValueError, match="do not fit"):
@@ -156,7 +156,7 @@ def test_coded_strings_are_read_through_the_pointers_codes() -> None:
 def test_a_pointer_of_an_unknown_layout_or_with_bad_codes_is_refused() -> None:
     with pytest.raises(ValueError, match="layout 3, which this gateway does not read"):
         Live.from_json('{"snapshot": "s", "buckets": 1, "layout": 3, "columns": ["a"]}')
-    for codes in ('[["a"], null]', '[[""]]', '[[1]]', '{"a": ["x"]}'):
+    for codes in ('[["a"], null]', '[[""]]', "[[1]]", '{"a": ["x"]}'):
         pointer = f'{{"snapshot":"s","buckets":1,"layout":2,"columns":["a"],"codes":{codes}}}'
         with pytest.raises(ValueError, match="bad codes"):
             Live.from_json(pointer)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import DataType
 
     from ..criteria_snapshot import Live
@@ -24,8 +24,11 @@ ARROW_BATCH: Final = 65_536
 BATCH_BYTES: Final = "spark.sql.execution.arrow.maxBytesPerBatch"
 BATCH_BYTES_DEFAULT: Final = 64 << 20
 """Spark's own limit of an Arrow batch in bytes (its default, 64 MiB)."""
+FEWEST_ROWS: Final = 4096
+"""Rows per Arrow batch below which Spark's own check of their bytes is kept."""
 NO_BATCH_BYTES: Final = str(2**31 - 1)
 """Spark's "no limit" (Int.MaxValue): it then skips measuring the batch after every row."""
+
 
 def same_columns(live: Live, keys: tuple[str, ...], kinds: list[DataType]) -> bool:
     """Whether an incremental run may write into the live snapshot: the same criteria keys, and
@@ -41,12 +44,13 @@ def same_columns(live: Live, keys: tuple[str, ...], kinds: list[DataType]) -> bo
 
 def check(
     prepared: DataFrame,
+    bound: Column,
     *,
     distinct: bool,
     progress: Callable[[str], None],
-) -> tuple[int, int]:
+) -> tuple[int, int, int]:
     """Run the query once (cached), count it and refuse rows that break the gateway's rules;
-    the listeners read and the bytes of the longest field."""
+    the listeners read, the bytes of the longest field, the largest ``bound`` (of a value)."""
     from pyspark.sql import functions as F
 
     aggregates = [
@@ -62,6 +66,7 @@ def check(
             ignorenulls=True,
         ).alias("example"),
         F.max(F.octet_length("field")).alias("longest_field"),
+        F.max(bound).alias("bound"),
     ]
     if distinct:
         aggregates.append(F.count_distinct("field").alias("distinct"))
@@ -79,15 +84,7 @@ def check(
             f" criteria query, e.g. {', '.join(duplicates(prepared))}: the query must return one"
             " row per listener (GROUP BY id); nothing was written"
         )
-    return read, int(row["longest_field"] or 0)
-
-
-def longest_value(shaped: DataFrame) -> int:
-    """The bytes of the longest value (this also fills the cache of ``shaped``)."""
-    from pyspark.sql import functions as F
-
-    row = shaped.agg(F.max(F.octet_length("value")).alias("longest")).collect()[0]
-    return int(row["longest"] or 0)
+    return read, int(row["longest_field"] or 0), int(row["bound"] or 0)
 
 
 ENTRY_FRAMING: Final = 64
@@ -96,17 +93,20 @@ ENTRY_FRAMING: Final = 64
 
 
 def size_batches(spark: SparkSession, config: JobConfig, entry_bytes: int | None) -> None:
-    """Arrow batches of :data:`ARROW_BATCH` rows to the writers; Spark's check of their size in
-    bytes, which measures the whole batch after every row (a quarter of the JVM's time in the
-    write phase), is turned off when the largest possible batch is within its limit anyway
-    (``entry_bytes``: a bound on a row's bytes, ``None`` when unknown)."""
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH))
+    """Arrow batches of up to :data:`ARROW_BATCH` rows to the writers. Spark's check of their
+    size in bytes, which measures the whole batch after every row (a quarter of the JVM's time in
+    the write phase), is turned off when a bound on a row's bytes is known (``entry_bytes``) and
+    allows batches of :data:`FEWEST_ROWS` or more: batches then hold as many rows as keep them
+    within Spark's limit."""
+    rows = ARROW_BATCH
     if BATCH_BYTES in config.spark_conf:
         spark.conf.set(BATCH_BYTES, config.spark_conf[BATCH_BYTES])
-    elif entry_bytes is not None and entry_bytes * ARROW_BATCH <= BATCH_BYTES_DEFAULT:
+    elif entry_bytes and entry_bytes * FEWEST_ROWS <= BATCH_BYTES_DEFAULT:
+        rows = min(ARROW_BATCH, BATCH_BYTES_DEFAULT // entry_bytes)
         spark.conf.set(BATCH_BYTES, NO_BATCH_BYTES)
     else:
         spark.conf.unset(BATCH_BYTES)  # a session's earlier run may have turned it off
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(rows))
 
 
 def duplicates(shaped: DataFrame) -> list[str]:

@@ -108,8 +108,9 @@ def _criterion(index: int) -> str:
 
 def prepare(frame: DataFrame) -> DataFrame:
     """``field`` (the listener id as JSON), ``problem`` (why the row breaks the gateway's rules,
-    or NULL) and each criterion cleaned, by position (lists without NULLs and duplicates, sorted,
-    NULL when empty): what :func:`code_tables` counts and :func:`shape` encodes."""
+    or NULL) and each criterion by position: a column of strings cleaned (lists without NULLs
+    and duplicates, sorted, NULL when empty), what :func:`code_tables` counts and :func:`shape`
+    encodes; any other column already as its JSON (``null`` for a NULL)."""
     columns = check_schema(frame)
     raw_id = _col(ID_COLUMN)
     id_type = frame.schema[ID_COLUMN].dataType
@@ -133,10 +134,14 @@ def prepare(frame: DataFrame) -> DataFrame:
                 problems.append(F.when(bad, f"column {name!r} holds {_what(item)}"))
             tidy = F.array_sort(F.array_distinct(F.filter(value, lambda x: x.isNotNull())))
             value = F.when(F.size(tidy) > 0, tidy)  # an empty list matches nothing
+            if not codable(kind):
+                value = F.coalesce(F.to_json(value), F.lit("null"))
         else:
             is_bad = _is_bad(kind)
             if is_bad is not None:
                 problems.append(F.when(is_bad(value), f"column {name!r} is {_what(kind)}"))
+            if not codable(kind):
+                value = _scalar_json(value)
         cleaned.append(value.alias(_criterion(index)))
     names = [_criterion(index) for index in range(len(columns))]
     return frame.select(
@@ -169,9 +174,7 @@ def code_tables(prepared: DataFrame, kinds: list[DataType], listeners: int) -> C
         return None
     sample = prepared
     if listeners > CODE_SAMPLE:
-        sample = sample.where(
-            F.pmod(F.xxhash64("field"), F.lit(listeners)) < F.lit(CODE_SAMPLE)
-        )
+        sample = sample.where(F.pmod(F.xxhash64("field"), F.lit(listeners)) < F.lit(CODE_SAMPLE))
     pairs: list[Column] = []
     for index in positions:
         value = F.col(_criterion(index))
@@ -225,8 +228,11 @@ def _scalar_json(text: Column) -> Column:
     return F.substr(in_array, F.lit(2), F.length(in_array) - 2)
 
 
-def shape(prepared: DataFrame, kinds: list[DataType], codes: Codes | None = None) -> DataFrame:
-    """``field`` and ``value`` for each row of :func:`prepare`'s result.
+def shape(
+    prepared: DataFrame, kinds: list[DataType], codes: Codes | None = None, *, digest: bool = False
+) -> DataFrame:
+    """``field`` and ``value`` (and with ``digest``, :func:`digest_of`) for each row of
+    :func:`prepare`'s result.
 
     ``value`` is the JSON array of the row's criteria values in the order of
     :func:`criteria_keys` (``null`` for a NULL, trailing ``null``s left out), the strings of a
@@ -236,7 +242,9 @@ def shape(prepared: DataFrame, kinds: list[DataType], codes: Codes | None = None
     for index, kind in enumerate(kinds):
         value = F.col(_criterion(index))
         table = codes[index] if codes is not None else None
-        if isinstance(kind, ArrayType):
+        if not codable(kind):
+            values.append(value)  # its JSON already
+        elif isinstance(kind, ArrayType):
             if table:
                 items = F.transform(value, _encoder(table))
                 listed = F.concat(F.lit("["), F.array_join(items, ","), F.lit("]"))
@@ -249,7 +257,38 @@ def shape(prepared: DataFrame, kinds: list[DataType], codes: Codes | None = None
     criteria = F.regexp_replace(
         F.concat(F.lit("["), F.concat_ws(",", *values), F.lit("]")), r"(,?null)+\]$", "]"
     )
-    return prepared.select("field", criteria.alias("value"))
+    extra = [digest_of(kinds).alias("digest")] if digest else []
+    return prepared.select("field", criteria.alias("value"), *extra)
+
+
+def digest_of(kinds: list[DataType]) -> Column:
+    """A hash of a row of :func:`prepare`'s criteria, for incremental runs to find the listeners
+    whose criteria changed (without making their values: within one snapshot, the same criteria
+    make the same value, as an incremental run writes with the live snapshot's codes)."""
+    parts: list[Column] = []
+    for index in range(len(kinds)):
+        value = F.col(_criterion(index))
+        parts += [value.isNull(), value]  # xxhash64 skips NULLs: (NULL, "a") is not ("a", NULL)
+    return F.xxhash64(*parts) if parts else F.xxhash64(F.lit(0))
+
+
+def value_bound(kinds: list[DataType]) -> Column:
+    """At least the bytes of a row's value, however its strings are coded: a string's JSON takes
+    at most six bytes per byte (``\\u00XX``) and its quotes."""
+    parts: list[Column] = [F.lit(2 + max(0, len(kinds) - 1))]  # brackets, commas
+    for index, kind in enumerate(kinds):
+        value = F.col(_criterion(index))
+        if not codable(kind):
+            parts.append(F.octet_length(value))
+        elif isinstance(kind, ArrayType):
+            total = F.aggregate(value, F.lit(0), lambda acc, x: acc + 6 * F.octet_length(x) + 3)
+            parts.append(F.coalesce(total + 2, F.lit(4)))
+        else:
+            parts.append(F.coalesce(6 * F.octet_length(value) + 2, F.lit(4)))
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
 
 
 def _bulk(text: Column) -> Column:
@@ -265,7 +304,8 @@ def bucket_of(field: Column, buckets: int) -> Column:
 
 
 def entries(shaped: DataFrame, buckets: int) -> DataFrame:
-    """Each listener's ``HSET`` arguments (``$field $value`` in RESP) and its bucket.
+    """Each listener's ``HSET`` arguments (``$field $value`` in RESP), its bucket, and the bytes
+    of its value (``size``: the writers report the longest).
 
     No shuffle: each executor groups the rows of its partitions by bucket itself
     (:mod:`bow_gateway.job.writer`), several ``HSET`` per bucket at most.
@@ -275,6 +315,7 @@ def entries(shaped: DataFrame, buckets: int) -> DataFrame:
         F.concat(_bulk(F.col("field")), _bulk(F.col("value"))).cast("binary").alias("entry"),
         F.lit(0).cast("byte").alias("op"),
         F.lit(None).cast("string").alias("notify"),
+        F.octet_length("value").alias("size"),
     )
 
 
@@ -293,4 +334,5 @@ def changes(diff: DataFrame, buckets: int) -> DataFrame:
         entry.cast("binary").alias("entry"),
         F.when(removed, 1).otherwise(0).cast("byte").alias("op"),
         F.col("field").alias("notify"),
+        F.coalesce(F.octet_length("value"), F.lit(0)).alias("size"),
     )

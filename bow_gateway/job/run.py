@@ -23,7 +23,6 @@ from .checks import (
     ENTRY_FRAMING,
     check,
     duplicates,
-    longest_value,
     same_columns,
     size_batches,
 )
@@ -139,8 +138,7 @@ def _locked_run(
     from pyspark import StorageLevel
     from pyspark.errors import PySparkException
 
-    from .frame import check_schema, code_tables, prepare, shape
-    from .store import listpack_warnings
+    from .frame import check_schema, code_tables, digest_of, prepare, shape, value_bound
 
     removed = store.clean_up()
     if removed:
@@ -158,9 +156,10 @@ def _locked_run(
     keys = tuple(name for name, _ in columns)
     kinds = [kind for _, kind in columns]
     prepared = prepare(frame).persist(StorageLevel.MEMORY_AND_DISK)
-    shaped: DataFrame | None = None
     try:
-        read, longest_field = check(prepared, distinct=incremental, progress=progress)
+        read, longest_field, bound = check(
+            prepared, value_bound(kinds), distinct=incremental, progress=progress
+        )
         if incremental and (live is None or live.state is None or not exists(spark, live.state)):
             progress("no state of a previous run to compare with: a full run instead")
             incremental = False
@@ -175,22 +174,20 @@ def _locked_run(
             if codes is not None:
                 coded = [f"{k} {len(t)}" for k, t in zip(keys, codes, strict=True) if t]
                 progress(f"codes for the frequent strings of {', '.join(coded)}")
-        shaped = shape(prepared, kinds, codes).persist(StorageLevel.MEMORY_AND_DISK)
-        longest = longest_value(shaped)
-        prepared.unpersist()
-        for warning in listpack_warnings(store.client, longest, config.listeners_per_bucket):
-            progress(warning)
+        # the values are made as the writers take them (from the cached criteria)
+        shaped = shape(prepared, kinds, codes, digest=incremental)
         # an incremental run also writes ids removed since, which the checks did not measure
-        entry_bytes = longest + 2 * longest_field + ENTRY_FRAMING
+        entry_bytes = bound + 2 * longest_field + ENTRY_FRAMING
         size_batches(spark, config, None if incremental else entry_bytes)
         if incremental:
             assert live is not None and live.state is not None
             return _incremental(config, spark, store, shaped, live, read, progress, started)
-        return _full(config, spark, store, shaped, live, keys, codes, read, progress, started)
+        digests = prepared.select("field", digest_of(kinds).alias("digest"))
+        return _full(
+            config, spark, store, shaped, digests, live, keys, codes, read, progress, started
+        )
     finally:
         prepared.unpersist()
-        if shaped is not None:
-            shaped.unpersist()
 
 
 def _full(
@@ -198,6 +195,7 @@ def _full(
     spark: SparkSession,
     store: SnapshotStore,
     shaped: DataFrame,
+    digests: DataFrame,
     live: Live | None,
     keys: tuple[str, ...],
     codes: Codes | None,
@@ -225,7 +223,8 @@ def _full(
                 " per listener (GROUP BY id)"
             )
         progress(f"wrote {stats['listeners']:,} listeners in {write_seconds:.1f} s")
-        state = _save_state(spark, shaped, config, snapshot) if config.state_dir else None
+        _warn(store, stats, config, progress)
+        state = _save_state(spark, digests, config, snapshot) if config.state_dir else None
         store.go_live(
             Live(snapshot, buckets, state, keys, codes),
             live,
@@ -287,7 +286,7 @@ def _incremental(
             f"note: {read:,} listeners in {live.buckets:,} buckets: run a full run to"
             " re-balance them"
         )
-    new = shaped.select("field", "value", F.xxhash64("value").alias("digest"))
+    new = shaped
     old = spark.read.parquet(previous_state).select("field", F.col("digest").alias("previous"))
     diff = (
         new.join(old, "field", "full_outer")
@@ -308,6 +307,7 @@ def _incremental(
     )
     write_seconds = time.monotonic() - write_started
     progress(f"{stats['listeners']:,} changed, {stats['removed']:,} removed and notified")
+    _warn(store, stats, config, progress)
     state = _save_state(spark, new, config, live.snapshot)
     store.update_live(replace(live, state=state))
     assert config.state_dir is not None
@@ -353,21 +353,29 @@ def _write(
     schema = ", ".join(f"{name} long" for name in STATS)
     totals = (
         rows.mapInArrow(writer, schema)
-        .agg(*(F.sum(name).alias(name) for name in STATS))
+        .agg(*((F.max if name == "longest" else F.sum)(name).alias(name) for name in STATS))
         .collect()[0]
     )
     return {name: int(totals[name] or 0) for name in STATS}
 
 
+def _warn(
+    store: SnapshotStore, stats: dict[str, int], config: JobConfig, progress: Callable[[str], None]
+) -> None:
+    """What to say about the Redis settings, knowing the longest value the writers wrote."""
+    from .store import listpack_warnings
+
+    for warning in listpack_warnings(store.client, stats["longest"], config.listeners_per_bucket):
+        progress(warning)
+
+
 def _save_state(spark: SparkSession, frame: DataFrame, config: JobConfig, snapshot: str) -> str:
-    """Each listener's digest, for the next incremental run: a new Parquet folder."""
-    from pyspark.sql import functions as F
+    """Each listener's digest (``field``, ``digest``), for the next incremental run: a new
+    Parquet folder."""
 
     from .store import new_snapshot_id
 
     assert config.state_dir is not None
     path = f"{config.state_dir.rstrip('/')}/{snapshot}-{new_snapshot_id()[-4:]}"
-    if "digest" not in frame.columns:
-        frame = frame.select("field", F.xxhash64("value").alias("digest"))
     frame.select("field", "digest").write.mode("errorifexists").parquet(path)
     return path
