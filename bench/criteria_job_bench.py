@@ -24,7 +24,8 @@ not exist yet, and is not counted.
 
 It prints wall time, CPU seconds of the job's processes by kind (its driver and Python workers,
 the JVM; sampled from /proc), of Redis (its INFO) and of every other process of the machine
-meanwhile ("other"), the write phase's rate and its fraction of the ``redis-benchmark`` ceiling,
+meanwhile ("other"), the same for the write phase alone (between its progress lines), its rate
+and its fraction of the ``redis-benchmark`` ceiling,
 Redis memory per listener (``used_memory`` over the live snapshot, and ``MEMORY USAGE`` of sampled
 buckets against the bytes of their fields and values), and what each run wrote to Redis
 (``HSET``/``HDEL`` calls and bytes received, from ``INFO``), with the issue's targets.
@@ -173,13 +174,17 @@ class TreeCPU:
                     kind = "python"
                 self.seen[pid] = (kind, cpu)
 
+    def now(self) -> dict[str, float]:
+        """The CPU seconds so far, by kind."""
+        found: dict[str, float] = {}
+        for kind, cpu in list(self.seen.values()):
+            found[kind] = found.get(kind, 0.0) + cpu
+        return found
+
     def totals(self) -> dict[str, float]:
         self.stop.set()
         self.thread.join()
-        found: dict[str, float] = {}
-        for kind, cpu in self.seen.values():
-            found[kind] = found.get(kind, 0.0) + cpu
-        return found
+        return self.now()
 
 
 def redis_cpu(client: redis.Redis) -> float:
@@ -200,9 +205,33 @@ def run_job(config: Path, client: redis.Redis, incremental: bool = False) -> dic
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sampler = TreeCPU(process.pid)
-    out, err = process.communicate()
+    marks: dict[str, dict[str, float]] = {}  # the CPU seconds when the write phase began, ended
+
+    def progress() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            lines.append(line)
+            if re.search(r"\] (writing snapshot|writing the changes)", line):
+                time.sleep(0.25)  # a sample after the line
+                marks["begin"] = {**sampler.now(), "redis": redis_cpu(client)}
+            elif re.search(r"\] (wrote \d|[\d,]+ changed, )", line):
+                time.sleep(0.25)
+                marks["end"] = {**sampler.now(), "redis": redis_cpu(client)}
+
+    lines: list[str] = []
+    reader = threading.Thread(target=progress, daemon=True)
+    reader.start()
+    out = process.stdout.read() if process.stdout is not None else ""
+    process.wait()
+    reader.join()
+    err = "".join(lines)
     wall = time.perf_counter() - started
     cpu = sampler.totals()
+    write_cpu = {
+        kind: marks["end"].get(kind, 0.0) - marks["begin"].get(kind, 0.0)
+        for kind in ("driver", "jvm", "python", "redis")
+        if "begin" in marks and "end" in marks
+    }
     cpu["redis"] = redis_cpu(client) - redis_before
     cpu["other"] = max(0.0, common.machine_busy_seconds() - busy_before - sum(cpu.values()))
     if process.returncode != 0:
@@ -221,6 +250,7 @@ def run_job(config: Path, client: redis.Redis, incremental: bool = False) -> dic
         "wall": wall,
         "load": load,
         "cpu": cpu,
+        "write_cpu": write_cpu,
         "write_seconds": float(write.group(1)),
         "rate": int(write.group(2).replace(",", "")),
         "hset": calls.get("cmdstat_hset", {}).get("calls", 0),
@@ -381,6 +411,9 @@ def main() -> None:
                 "Python",
                 "Redis",
                 "other",
+                "write CPU s: JVM",
+                "Python",
+                "Redis",
                 "load",
             ],
             [
@@ -396,6 +429,9 @@ def main() -> None:
                     f"{r['cpu'].get('driver', 0) + r['cpu'].get('python', 0):.1f}",
                     f"{r['cpu']['redis']:.1f}",
                     f"{r['cpu']['other']:.1f}",
+                    f"{r['write_cpu'].get('jvm', 0):.1f}",
+                    f"{r['write_cpu'].get('driver', 0) + r['write_cpu'].get('python', 0):.1f}",
+                    f"{r['write_cpu'].get('redis', 0):.1f}",
                     r["load"].split()[0],
                 ]
                 for name, r in results
@@ -428,6 +464,9 @@ def main() -> None:
 
 def _report(name: str, result: dict[str, Any]) -> None:
     cpu = ", ".join(f"{kind} {seconds:.1f}" for kind, seconds in sorted(result["cpu"].items()))
+    cpu += "; in the write phase: " + ", ".join(
+        f"{kind} {seconds:.1f}" for kind, seconds in sorted(result["write_cpu"].items())
+    )
     print(
         f"\n{name}: {result['wall']:.1f} s wall, write phase {result['write_seconds']:.1f} s"
         f" ({result['rate']:,} listeners/s); load {result['load']}; CPU s: {cpu}",
