@@ -60,3 +60,6 @@ def test_local_runs_use_it_unless_the_job_file_names_a_daemon_or_a_path() -> Non
     for key in ("spark.python.daemon.module", WORKER_PATH):
         own = parse_job_config({**base, "spark": {"conf": {key: "x"}}})
         assert "spark.python.daemon.module" not in local_defaults(2, own)
+    # another Python for the executors (spark.pyspark.python) may lack what it imports
+    config = parse_job_config(base)
+    assert "spark.python.daemon.module" not in local_defaults(2, config, warm=False)

@@ -43,7 +43,8 @@ def build_session(config: JobConfig, master: str | None = None) -> SparkSession:
     if python is not None:
         os.environ["PYSPARK_PYTHON"] = python  # what PySpark tells the executors to run
     if cores is not None:
-        conf.update(local_defaults(cores, config))  # the file's Java options are merged in
+        # the file's Java options are merged in
+        conf.update(local_defaults(cores, config, warm=python == sys.executable))
     elif config.class_archive is not None and "PYSPARK_GATEWAY_PORT" not in os.environ:
         conf[JAVA_OPTIONS] = driver_java_options(config, local=False)  # our driver JVM starts
     conf.update({k: v for k, v in config.spark_conf.items() if k not in conf or k != JAVA_OPTIONS})
@@ -73,14 +74,16 @@ WARM_DAEMON: Final = "bow_spark_daemon"
 """bow_gateway/seams/spark_daemon/: PySpark's daemon, importing what each worker needs once."""
 
 
-def local_defaults(cores: int, config: JobConfig) -> dict[str, str]:
-    """Settings for Spark on one machine (the job file's own ``spark.conf`` comes on top)."""
+def local_defaults(cores: int, config: JobConfig, *, warm: bool = True) -> dict[str, str]:
+    """Settings for Spark on one machine (the job file's own ``spark.conf`` comes on top);
+    ``warm``: the executors run this Python, which has PySpark and redis-py (:data:`WARM_DAEMON`
+    then imports them once for all the Python workers)."""
     defaults = {
         # Spark's 200 shuffle partitions cost seconds of task overhead on one machine.
         "spark.sql.shuffle.partitions": str(2 * cores),
         JAVA_OPTIONS: driver_java_options(config, local=True),
     }
-    if not {DAEMON_MODULE, WORKER_PATH} & set(config.spark_conf):
+    if warm and not {DAEMON_MODULE, WORKER_PATH} & set(config.spark_conf):
         folder = Path(__file__).resolve().parent.parent / "seams" / "spark_daemon"
         defaults[DAEMON_MODULE] = WARM_DAEMON
         defaults[WORKER_PATH] = str(folder)

@@ -43,8 +43,11 @@ def prefer_installed_pyspark() -> bool:
 
 def main() -> None:
     prefer_installed_pyspark()
-    import pyspark.worker  # noqa: F401  - what each worker imports first, once here
-    import redis  # noqa: F401  - the criteria job's writers' client
+    try:
+        import pyspark.worker  # noqa: F401  - what each worker imports first, once here
+        import redis  # noqa: F401  - the criteria job's writers' client
+    except ImportError:  # the workers will fail, saying what this Python lacks
+        pass
     from pyspark.daemon import manager
 
     manager()
