@@ -203,15 +203,59 @@ def _full(
     progress: Callable[[str], None],
     started: float,
 ) -> Summary:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
     from .frame import entries
-    from .store import new_snapshot_id
 
     buckets = config.buckets or bucket_count(read, config.listeners_per_bucket)
+    # The commands are made (and cached) before the writers start: while Redis is written to,
+    # the JVM only hands them over.
+    rows = entries(shaped, buckets).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        longest = int(rows.agg(F.max("size")).collect()[0][0] or 0)
+        progress(f"commands made: values of up to {longest:,} bytes")
+        _warn(store, {"longest": longest}, config, progress)
+        return _write_full(
+            config,
+            spark,
+            store,
+            rows,
+            shaped,
+            digests,
+            live,
+            keys,
+            codes,
+            buckets,
+            read,
+            progress,
+            started,
+        )
+    finally:
+        rows.unpersist()
+
+
+def _write_full(
+    config: JobConfig,
+    spark: SparkSession,
+    store: SnapshotStore,
+    rows: DataFrame,
+    shaped: DataFrame,
+    digests: DataFrame,
+    live: Live | None,
+    keys: tuple[str, ...],
+    codes: Codes | None,
+    buckets: int,
+    read: int,
+    progress: Callable[[str], None],
+    started: float,
+) -> Summary:
+    from .store import new_snapshot_id
+
     snapshot = new_snapshot_id()
     store.begin(snapshot, buckets)
     progress(f"writing snapshot {snapshot}: {read:,} listeners in {buckets:,} buckets")
     try:
-        rows = entries(shaped, buckets)
         write_started = time.monotonic()
         stats = _write(spark, rows, config, store.layout.bucket_prefix(snapshot))
         write_seconds = time.monotonic() - write_started
@@ -223,7 +267,6 @@ def _full(
                 " per listener (GROUP BY id)"
             )
         progress(f"wrote {stats['listeners']:,} listeners in {write_seconds:.1f} s")
-        _warn(store, stats, config, progress)
         state = _save_state(spark, digests, config, snapshot) if config.state_dir else None
         store.go_live(
             Live(snapshot, buckets, state, keys, codes),
@@ -362,7 +405,7 @@ def _write(
 def _warn(
     store: SnapshotStore, stats: dict[str, int], config: JobConfig, progress: Callable[[str], None]
 ) -> None:
-    """What to say about the Redis settings, knowing the longest value the writers wrote."""
+    """What to say about the Redis settings, knowing the longest value (``stats["longest"]``)."""
     from .store import listpack_warnings
 
     for warning in listpack_warnings(store.client, stats["longest"], config.listeners_per_bucket):
