@@ -14,8 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from ..criteria_snapshot import Codes, Layout, Live, bucket_count
 from ..redis_client import describe, sync_redis_client
@@ -29,14 +28,12 @@ from .checks import (
 from .checks import CriteriaJobError as CriteriaJobError
 from .config import JobConfig
 from .spark import exists, short, spark_failure, sweep_states
+from .writing import CLIENT_DEFAULTS, abandon, save_state, warn_listpack, write_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from .store import SnapshotStore
-
-CLIENT_DEFAULTS: Final = {"socket_timeout": 60, "socket_connect_timeout": 10}
-"""redis-py settings of the job's clients (the driver's and the writers'), unless the file's."""
 
 
 @dataclass(frozen=True)
@@ -215,7 +212,7 @@ def _full(
     try:
         longest = int(rows.agg(F.max("size")).collect()[0][0] or 0)
         progress(f"commands made: values of up to {longest:,} bytes")
-        _warn(store, {"longest": longest}, config, progress)
+        warn_listpack(store, {"longest": longest}, config, progress)
         return _write_full(
             config,
             spark,
@@ -257,7 +254,7 @@ def _write_full(
     progress(f"writing snapshot {snapshot}: {read:,} listeners in {buckets:,} buckets")
     try:
         write_started = time.monotonic()
-        stats = _write(spark, rows, config, store.layout.bucket_prefix(snapshot))
+        stats = write_rows(spark, rows, config, store.layout.bucket_prefix(snapshot))
         write_seconds = time.monotonic() - write_started
         held = store.count(snapshot, buckets)
         if held != read:
@@ -267,14 +264,14 @@ def _write_full(
                 " per listener (GROUP BY id)"
             )
         progress(f"wrote {stats['listeners']:,} listeners in {write_seconds:.1f} s")
-        state = _save_state(spark, digests, config, snapshot) if config.state_dir else None
+        state = save_state(spark, digests, config, snapshot) if config.state_dir else None
         store.go_live(
             Live(snapshot, buckets, state, keys, codes),
             live,
             config.grace_seconds,
         )
     except BaseException:
-        _abandon(store, snapshot, buckets)
+        abandon(store, snapshot, buckets)
         raise
     if state is not None:
         assert config.state_dir is not None
@@ -294,18 +291,6 @@ def _write_full(
         time.monotonic() - started,
         write_seconds,
     )
-
-
-def _abandon(store: SnapshotStore, snapshot: str, buckets: int) -> None:
-    """Remove a snapshot that did not go live (if that fails too, the next run removes it)."""
-    import redis as redis_py
-
-    try:
-        live = store.live()
-        if live is None or live.snapshot != snapshot:
-            store.discard(snapshot, buckets)
-    except (redis_py.RedisError, ValueError):
-        pass
 
 
 def _incremental(
@@ -341,7 +326,7 @@ def _incremental(
     store.update_live(replace(live, state=None))
     progress(f"writing the changes into the live snapshot {live.snapshot}")
     write_started = time.monotonic()
-    stats = _write(
+    stats = write_rows(
         spark,
         change_rows(diff, live.buckets),
         config,
@@ -350,8 +335,8 @@ def _incremental(
     )
     write_seconds = time.monotonic() - write_started
     progress(f"{stats['listeners']:,} changed, {stats['removed']:,} removed and notified")
-    _warn(store, stats, config, progress)
-    state = _save_state(spark, new, config, live.snapshot)
+    warn_listpack(store, stats, config, progress)
+    state = save_state(spark, new, config, live.snapshot)
     store.update_live(replace(live, state=state))
     assert config.state_dir is not None
     sweep_states(spark, config.state_dir, keep=state)
@@ -365,60 +350,3 @@ def _incremental(
         time.monotonic() - started,
         write_seconds,
     )
-
-
-def _write(
-    spark: SparkSession,
-    rows: DataFrame,
-    config: JobConfig,
-    prefix: str,
-    channel: str | None = None,
-) -> dict[str, int]:
-    """Run the writers in the executors; the totals of their stats rows."""
-    from pyspark import cloudpickle
-    from pyspark.sql import functions as F
-
-    from .. import redis_client as redis_client_module
-    from . import writer as writer_module
-    from .writer import STATS, write_partition
-
-    # Shipped by value: the executors need redis-py and pyarrow, not the gateway.
-    for module in (writer_module, redis_client_module):
-        cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
-    writer = partial(
-        write_partition,
-        redis=config.redis,
-        client_defaults=CLIENT_DEFAULTS,
-        prefix=prefix,
-        channel=channel,
-        notify_chunk=config.notify_chunk,
-    )
-    schema = ", ".join(f"{name} long" for name in STATS)
-    totals = (
-        rows.mapInArrow(writer, schema)
-        .agg(*((F.max if name == "longest" else F.sum)(name).alias(name) for name in STATS))
-        .collect()[0]
-    )
-    return {name: int(totals[name] or 0) for name in STATS}
-
-
-def _warn(
-    store: SnapshotStore, stats: dict[str, int], config: JobConfig, progress: Callable[[str], None]
-) -> None:
-    """What to say about the Redis settings, knowing the longest value (``stats["longest"]``)."""
-    from .store import listpack_warnings
-
-    for warning in listpack_warnings(store.client, stats["longest"], config.listeners_per_bucket):
-        progress(warning)
-
-
-def _save_state(spark: SparkSession, frame: DataFrame, config: JobConfig, snapshot: str) -> str:
-    """Each listener's digest (``field``, ``digest``), for the next incremental run: a new
-    Parquet folder."""
-
-    from .store import new_snapshot_id
-
-    assert config.state_dir is not None
-    path = f"{config.state_dir.rstrip('/')}/{snapshot}-{new_snapshot_id()[-4:]}"
-    frame.select("field", "digest").write.mode("errorifexists").parquet(path)
-    return path

@@ -186,7 +186,7 @@ def exists(spark: SparkSession, path: str) -> bool:
 
 
 STATE_NAME: Final = re.compile(r"\d{8}T\d{6}Z[0-9a-f]{4}-[0-9a-f]{4}")
-"""The folders the job's ``_save_state`` makes (anything else in ``state_dir`` is left alone)."""
+"""The folders the job's ``save_state`` makes (anything else in ``state_dir`` is left alone)."""
 
 
 def sweep_states(spark: SparkSession, state_dir: str, keep: str) -> None:
