@@ -40,6 +40,7 @@ import resource
 import signal
 import sys
 import time
+import tracemalloc
 from typing import Any
 
 from bow_gateway.inbounds.passthrough import (
@@ -221,6 +222,8 @@ def answer(
         return {"recoveries": recovery_counts(bow)}
     if command == "gc":
         return {"gc": clock.report()}
+    if command.startswith("trace"):  # "trace" starts tracemalloc; "trace N": what N sockets hold
+        return trace(command.partition(" ")[2])
     if command == "objects":  # both walk every object: the loop stalls meanwhile
         return {"objects": len(gc.get_objects()), "frozen": gc.get_freeze_count()}
     if command == "freeze":
@@ -232,6 +235,36 @@ def answer(
         gc.disable()
         return {"enabled": gc.isenabled()}
     return {"error": f"unknown command {command!r}"}
+
+
+_traced: list[tracemalloc.Snapshot] = []
+
+
+def trace(sockets: str) -> dict[str, object]:
+    """Start tracemalloc (then a baseline, after a full collection), or, given how many sockets
+    connected since, the growth per socket by file and line and by module, biggest first."""
+    gc.collect()
+    if not sockets:
+        tracemalloc.start()
+        _traced[:] = [tracemalloc.take_snapshot()]
+        return {"tracing": True}
+    count = max(1, int(sockets))
+    after = tracemalloc.take_snapshot()
+    after = after.filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+    lines = after.compare_to(_traced[0], "lineno")
+    files = after.compare_to(_traced[0], "filename")
+    return {
+        "bytes_per_socket": sum(stat.size_diff for stat in files) / count,
+        "by_file": [
+            [stat.traceback[0].filename.split("site-packages/")[-1], round(stat.size_diff / count)]
+            for stat in files[:25]
+        ],
+        "by_line": [
+            [str(stat.traceback[0]).split("site-packages/")[-1], round(stat.size_diff / count),
+             round(stat.count_diff / count, 2)]
+            for stat in lines[:60]
+        ],
+    }
 
 
 async def serve(args: argparse.Namespace) -> None:

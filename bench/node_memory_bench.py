@@ -36,10 +36,14 @@ HERE = Path(__file__).resolve().parent
 NODE = HERE / "node"
 
 
-def measure(sockets: int, transports: str, concurrency: int, pin: bool) -> list[str]:
+def measure(
+    sockets: int, transports: str, concurrency: int, pin: bool, trace: str | None = None
+) -> list[str]:
     gateway, port, pid = start_gateway(argparse.Namespace(profile=None, pin=pin, server_cpu=0))
     try:
         time.sleep(1)
+        if trace:
+            ask(gateway, "trace")
         before = common.rss_kib(pid)["VmRSS"]
         cpu_before = common.cpu_seconds(pid)
         with tempfile.NamedTemporaryFile("w", suffix=".tokens") as tokens:
@@ -68,6 +72,10 @@ def measure(sockets: int, transports: str, concurrency: int, pin: bool) -> list[
             cpu = common.cpu_seconds(pid) - cpu_before
             time.sleep(3)
             after = common.rss_kib(pid)
+            if trace:
+                traced = ask(gateway, f"trace {done['authenticated']}")
+                where = Path(f"{trace}-{sockets}-{transports}.json")
+                where.write_text(json.dumps(traced, indent=1))
             node.stdin.close()
             node.wait(30)
     finally:
@@ -85,12 +93,27 @@ def measure(sockets: int, transports: str, concurrency: int, pin: bool) -> list[
     ]
 
 
+def ask(gateway: subprocess.Popen[bytes], command: str) -> dict[str, object]:
+    """One command to ``_gateway.py`` on its stdin, and its answer."""
+    assert gateway.stdin is not None and gateway.stdout is not None
+    gateway.stdin.write(command.encode() + b"\n")
+    gateway.stdin.flush()
+    answer: dict[str, object] = json.loads(gateway.stdout.readline())
+    return answer
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sockets", default="1000,10000")
     parser.add_argument("--transports", default="websocket,polling+websocket")
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--no-pin", action="store_true")
+    parser.add_argument(
+        "--trace",
+        metavar="PREFIX",
+        help="also trace the gateway's allocations (tracemalloc: slower, and its own memory in "
+        "the RSS) and write what each socket holds, by file and line, to PREFIX-N-T.json",
+    )
     args = parser.parse_args()
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # node inherits it
@@ -104,7 +127,7 @@ def main() -> None:
     rows = []
     for sockets in (int(n) for n in args.sockets.split(",")):
         for transports in args.transports.split(","):
-            rows.append(measure(sockets, transports, args.concurrency, pin))
+            rows.append(measure(sockets, transports, args.concurrency, pin, args.trace))
             print(f"  {rows[-1]}", flush=True)
     print()
     print(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from typing import Final
 
 from .backplanes import Backplane, Entry, Gap
 from .control import count_answer
@@ -22,8 +23,11 @@ from .message import (
 )
 from .metrics import Metrics
 from .outbound import SocketOutbound
+from .seams.prometheus import StepHistogram
 
 logger = logging.getLogger("bow_gateway")
+
+LAG_EVERY: Final = 0.01  # seconds between two settings of bow_backplane_lag_seconds
 
 
 class Consumer:
@@ -45,6 +49,8 @@ class Consumer:
         self._metrics = metrics
         self._versions = list(middleware_versions)
         self._count_max_ids = count_max_ids
+        self._lag_due = 0.0  # when bow_backplane_lag_seconds is set next
+        self._latency = StepHistogram(metrics.latency_seconds)
 
     def preload(self, backlog: list[Entry], *, complete: bool) -> None:
         """Fill the history with what the backplane held at start; ``complete``: the backlog
@@ -54,7 +60,7 @@ class Consumer:
         if (complete or not backlog) and origin is not None:
             history.restart(origin)  # a client can keep this position before any message
         for entry in backlog:
-            self.remember(entry.position, decode_event(entry.data))
+            self.remember(entry.position, decode_event(entry.data), entry.data)
         history.delivered = history.last
 
     async def run(self) -> None:
@@ -76,8 +82,11 @@ class Consumer:
         event = decode_event(entry.data)
         accepted_at = event.accepted_at if isinstance(event, MessageEvent) else 0.0
         if accepted_at:
-            metrics.backplane_lag_seconds.set(max(0.0, time.time() - accepted_at))
-        self.remember(entry.position, event)  # first: a recovery meanwhile ends here
+            now = time.time()
+            if now >= self._lag_due:  # a gauge read every few seconds: set 100 times a second
+                self._lag_due = now + LAG_EVERY
+                metrics.backplane_lag_seconds.set(max(0.0, now - accepted_at))
+        self.remember(entry.position, event, entry.data)  # first: a recovery meanwhile ends here
         if isinstance(event, CountEvent):
             answer = count_answer(
                 self._outbound.delivery.count(event.audience), self._count_max_ids
@@ -86,13 +95,14 @@ class Consumer:
             return
         await self._outbound.delivery.deliver(entry.position, event)
         if accepted_at:
-            metrics.latency_seconds.observe(max(0.0, time.time() - accepted_at))
+            self._latency.observe(max(0.0, time.time() - accepted_at))
 
-    def remember(self, position: str, event: Event) -> None:
-        """Keep an event in the recovery window, and the listener changes it carries."""
+    def remember(self, position: str, event: Event, data: bytes | None = None) -> None:
+        """Keep an event in the recovery window (a message as ``data``, the bytes it was decoded
+        from, when given), and the listener changes it carries."""
         history = self._history
         accepted_at = event.accepted_at if isinstance(event, MessageEvent) else None
-        history.append(position, event, accepted_at)
+        history.append(position, event, accepted_at, data)
         changes = history.changes
         if isinstance(event, CriteriaEvent):
             entries = entries_of(event.criteria)

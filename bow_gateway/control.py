@@ -197,13 +197,16 @@ class Control:
         """``{"sockets", "listeners", "complete"}`` of the sockets matching ``audience`` now."""
         return await self._count(self._check_count({"audience": audience}))
 
-    def add_routes(self, app: web.Application, inbound_paths: Iterable[str]) -> None:
-        """``POST {api.prefix}/criteria|disconnect|count`` (405 for other methods)."""
+    def add_routes(
+        self, add_post: Callable[[str, Handler], None], inbound_paths: Iterable[str]
+    ) -> None:
+        """``POST {api.prefix}/criteria|disconnect|count`` (405 for other methods), each through
+        ``add_post(path, handler)`` (which puts it behind the inbounds' credentials)."""
         prefix = self._config.api_prefix
         check_inbound_paths(inbound_paths, prefix)
-        app.router.add_post(f"{prefix}/criteria", self._handler(self._post_criteria))
-        app.router.add_post(f"{prefix}/disconnect", self._handler(self._post_disconnect))
-        app.router.add_post(f"{prefix}/count", self._handler(self._post_count, limited=True))
+        add_post(f"{prefix}/criteria", self._handler(self._post_criteria))
+        add_post(f"{prefix}/disconnect", self._handler(self._post_disconnect))
+        add_post(f"{prefix}/count", self._handler(self._post_count, limited=True))
 
     async def _kick(self, kick: KickEvent) -> str:
         if not kick.ids:

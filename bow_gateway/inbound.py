@@ -1,4 +1,5 @@
-"""The HTTP inbound: Basic Auth first, then ``POST {path}`` turns a JSON body into a message.
+"""The HTTP inbound: ``POST {path}`` turns a JSON body into a message, behind Basic Auth
+(:mod:`.inbound_auth`).
 
 Statuses, as the contract says: 401 without valid credentials (whatever the path, so that no one
 learns which paths exist), then 404, 405, 413 (the body, a batch over ``inbound.max_batch``, or an
@@ -17,16 +18,13 @@ empty list is answered ``204`` without it (nothing was positioned).
 from __future__ import annotations
 
 import asyncio
-import base64
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from types import MappingProxyType
 from typing import Any, Final
 
-from aiohttp import BasicAuth, hdrs, web
-from aiohttp.typedefs import Middleware
+from aiohttp import hdrs, web
 
 from .backplanes import BackplaneUnavailable
 from .enrichers import EnricherRefused, EnricherTimeout
@@ -44,51 +42,6 @@ PublishMany = Callable[[list[MessageEvent]], Awaitable[list[str]]]
 Enrich = Callable[[list[Message]], Awaitable[list[Message]]]
 
 
-def basic_auth(
-    *, realm: str, username: str, password: str, is_open: Callable[[str], bool]
-) -> Middleware:
-    """An aiohttp middleware that answers 401 to every request without the credentials.
-
-    ``is_open(path)`` names the gateway's own endpoints, which need no credentials.
-    """
-    expected_user = username.encode()
-    expected_password = password.encode()
-    # What a client sends for these credentials, compared whole first: no decoding per request
-    # (not for a username holding ':', which the decoding below never matches: it splits there)
-    expected_header = b"Basic " + base64.b64encode(expected_user + b":" + expected_password)
-    if b":" in expected_user:
-        expected_header = b"\0"  # no header value holds a NUL
-    challenge = 'Basic realm="{}"'.format(realm.replace("\\", "\\\\").replace('"', '\\"'))
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if is_open(request.path):
-            return await handler(request)
-        header = request.headers.get(hdrs.AUTHORIZATION, "")
-        if hmac.compare_digest(header.encode("utf-8", "surrogateescape"), expected_header):
-            return await handler(request)
-        try:
-            credentials = BasicAuth.decode(header, encoding="utf-8")
-        except ValueError:
-            credentials = None
-        # Both comparisons always run, in constant time, so timing tells nothing.
-        user_ok = hmac.compare_digest(
-            (credentials.login if credentials else "").encode(), expected_user
-        )
-        password_ok = hmac.compare_digest(
-            (credentials.password if credentials else "").encode(), expected_password
-        )
-        if not (credentials and user_ok and password_ok):
-            reason = "wrong credentials" if credentials else "no Basic credentials"
-            logger.info("refused %s %s: %s", request.method, request.path, reason)
-            raise web.HTTPUnauthorized(
-                text=f"401: {reason}", headers={hdrs.WWW_AUTHENTICATE: challenge}
-            )
-        return await handler(request)
-
-    return middleware
-
-
 def message_handler(
     inbound: InboundPlugin,
     publish: PublishMany,
@@ -100,10 +53,12 @@ def message_handler(
     max_predicates: int = 32,
     max_event_bytes: int = 262_144,
     max_batch: int = 1_000,
+    check: Callable[[web.Request], None] | None = None,
 ) -> Handler:
     """The aiohttp handler of one inbound path; ``timeout`` bounds the body's arrival, the
     message function, then the enrichers. ``publish`` returns the events' positions (the last
-    is the ``Bow-Position``); ``enrich`` passes the messages through the enrichers."""
+    is the ``Bow-Position``); ``enrich`` passes the messages through the enrichers; ``check``
+    refuses a request first (the credentials), before it counts as refused."""
     create_message = inbound.function
     read = read_request if inbound.create_message_from_request is not None else read_json
     what = "request" if read is read_request else "body"
@@ -111,31 +66,14 @@ def message_handler(
     accepted = metrics.messages_accepted.labels(inbound.path)
     limits = {"max_queries": max_queries, "max_predicates": max_predicates}
 
-    async def counted(request: web.Request) -> web.StreamResponse:
-        try:
-            response, count = await handle(request)
-        except web.HTTPException as error:
-            metrics.messages_refused.labels(inbound.path, str(error.status)).inc()
-            level = logging.WARNING if error.status >= 500 else logging.INFO
-            # The cause, when there is one, is for the log only (a Redis address, a plugin).
-            cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
-            logger.log(
-                level, "refused %s %s: %s%s", request.method, request.path, error.text, cause
-            )
-            raise
-        accepted.inc(count)
-        return response
+    def refused(request: web.Request, error: web.HTTPException) -> None:
+        metrics.messages_refused.labels(inbound.path, str(error.status)).inc()
+        level = logging.WARNING if error.status >= 500 else logging.INFO
+        # The cause, when there is one, is for the log only (a Redis address, a plugin).
+        cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
+        logger.log(level, "refused %s %s: %s%s", request.method, request.path, error.text, cause)
 
-    async def handle(request: web.Request) -> tuple[web.StreamResponse, int]:
-        argument = await read(request, timeout)
-        try:
-            raw = await call_user_function(create_message, argument, timeout)
-        except TimeoutError:
-            late = TimeoutError(f"{describe(create_message)} did not answer within {timeout:g} s")
-            raise unavailable(1) from late
-        except Exception as error:  # noqa: BLE001 - the user's function refused the body
-            raise unprocessable(f"the {what} was refused: {error}") from None
-        batch = isinstance(raw, list)
+    def checked(raw: Any, batch: bool) -> list[Message]:
         if batch and len(raw) > max_batch:
             raise web.HTTPRequestEntityTooLarge(
                 max_batch,
@@ -144,28 +82,51 @@ def message_handler(
                 f"inbound.max_batch ({max_batch})",
             )
         try:
-            messages = [
-                validate_message(value, prefix=str(index) if batch else "", **limits)
-                for index, value in enumerate(raw if batch else [raw])
+            if not batch:
+                return [validate_message(raw, prefix="", **limits)]
+            return [
+                validate_message(value, prefix=str(index), **limits)
+                for index, value in enumerate(raw)
             ]
         except ValueError as error:  # the first faulty message's
             raise unprocessable(f"invalid message: {error}") from None
-        if enrich is not None:
-            messages = await enriched(enrich, messages, batch)
-        for index, message in enumerate(messages):
-            check_size(message, f"{index}: " if batch else "", max_event_bytes)
-        if not messages:
-            return web.Response(status=204), 0
-        now = time.time()
-        try:
-            positions = await publish(
-                [MessageEvent(middleware_version, message, now) for message in messages]
-            )
-        except BackplaneUnavailable as error:
-            raise unavailable(error.retry_after) from error
-        return web.Response(status=204, headers={POSITION_HEADER: positions[-1]}), len(messages)
 
-    return counted
+    # One coroutine from the request to the backplane: a request in flight holds every layer
+    # (and the cyclic GC promotes them all when it meets it).
+    async def handle(request: web.Request) -> web.StreamResponse:
+        if check is not None:
+            check(request)
+        try:
+            argument = await read(request, timeout)
+            try:
+                raw = await call_user_function(create_message, argument, timeout)
+            except TimeoutError:
+                late = f"{describe(create_message)} did not answer within {timeout:g} s"
+                raise unavailable(1) from TimeoutError(late)
+            except Exception as error:  # noqa: BLE001 - the user's function refused the body
+                raise unprocessable(f"the {what} was refused: {error}") from None
+            batch = isinstance(raw, list)
+            messages = checked(raw, batch)
+            if enrich is not None:
+                messages = await enriched(enrich, messages, batch)
+            for index, message in enumerate(messages):
+                check_size(message, f"{index}: " if batch else "", max_event_bytes)
+            if not messages:
+                return web.Response(status=204)
+            now = time.time()
+            try:
+                positions = await publish(
+                    [MessageEvent(middleware_version, message, now) for message in messages]
+                )
+            except BackplaneUnavailable as error:
+                raise unavailable(error.retry_after) from error
+        except web.HTTPException as error:
+            refused(request, error)
+            raise
+        accepted.inc(len(messages))
+        return web.Response(status=204, headers={POSITION_HEADER: positions[-1]})
+
+    return handle
 
 
 async def enriched(enrich: Enrich, messages: list[Message], batch: bool) -> list[Message]:
@@ -254,8 +215,11 @@ def _check_json_content_type(request: web.Request) -> None:
     """Refuse a body not sent as JSON, as Bow does: an HTML form, which any site can make a
     browser post, cannot send ``application/json``, so cached Basic credentials cannot be
     abused to push (CSRF)."""
-    if hdrs.CONTENT_TYPE not in request.headers:
+    raw = request.headers.get(hdrs.CONTENT_TYPE)
+    if raw is None:
         raise unprocessable("the request has no Content-Type: send the body as application/json")
+    if raw == "application/json":  # what nearly every client sends: nothing to parse
+        return
     declared = request.content_type  # lower case, without parameters such as charset
     if declared != "application/json" and not declared.endswith("+json"):
         raise unprocessable(
@@ -264,9 +228,13 @@ def _check_json_content_type(request: web.Request) -> None:
 
 
 async def _read(request: web.Request, timeout: float) -> bytes:
+    content = request.content
     try:
-        if request.content.is_eof():  # all of it arrived with the headers: no timer to set
-            return await request.read()  # aiohttp answers 413 past client_max_size
+        if content.is_eof():  # all of it arrived (and decoded) with the headers: no timer to set
+            body = content.read_nowait()  # what request.read() returns, without its loop
+            if len(body) > request.client_max_size > 0:  # as request.read() refuses it
+                raise web.HTTPRequestEntityTooLarge(request.client_max_size)
+            return body
         async with asyncio.timeout(timeout):
             return await request.read()
     except TimeoutError:

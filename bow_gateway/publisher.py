@@ -4,7 +4,7 @@ in the same step (one trip for a whole batch)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 from .backplanes import Backplane
 from .message import MessageEvent, encode_event
@@ -19,9 +19,14 @@ class Publisher:
         self._backplane = backplane
         self._retentions = retentions or Retentions()
 
-    async def positions(self, events: Sequence[MessageEvent]) -> list[str]:
+    def positions(self, events: Sequence[MessageEvent]) -> Awaitable[list[str]]:
+        """The events' positions, once published (the backplane's own awaitable when no history
+        rule applies: no layer of this one in every request in flight)."""
         if not self._retentions:
-            return await self._backplane.publish_many([encode_event(event) for event in events])
+            return self._backplane.publish_many([encode_event(event) for event in events])
+        return self._retained_positions(events)
+
+    async def _retained_positions(self, events: Sequence[MessageEvent]) -> list[str]:
         return [position for position, _ in await self.published(events)]
 
     async def published(self, events: Sequence[MessageEvent]) -> list[tuple[str, int | None]]:

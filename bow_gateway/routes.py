@@ -13,7 +13,8 @@ from .backplanes import Backplane
 from .config import Config
 from .control import Control, check_inbound_paths
 from .http_server import HandshakeLimits, handshake_limits
-from .inbound import Enrich, Handler, basic_auth, health_handler, message_handler
+from .inbound import Enrich, Handler, health_handler, message_handler
+from .inbound_auth import BasicAuth
 from .metrics import Metrics
 from .outbound import SocketOutbound
 from .outbound.flywheel import FlywheelEndpoint
@@ -40,7 +41,8 @@ def build_app(
     health_check: HealthCheck | None,
     serving: Callable[[], bool],
 ) -> web.Application:
-    """Every route, behind the inbounds' Basic Auth but for the endpoints clients use."""
+    """Every route, behind the inbounds' Basic Auth (:mod:`.inbound_auth`) but for the
+    endpoints clients use."""
     open_paths = {HEALTH_PATH}
     # The clients' endpoints take a listener's token, not the inbounds' credentials
     client_paths = [
@@ -54,19 +56,16 @@ def build_app(
         open_paths.add(path)
     if config.metrics_port is None and not config.metrics_auth:
         open_paths.add(METRICS_PATH)
-    app = web.Application(
-        client_max_size=config.max_body_size,
-        middlewares=[
-            basic_auth(
-                realm=config.realm,
-                username=config.username,
-                password=config.password,
-                is_open=lambda path: path in open_paths or path.startswith(SOCKETIO_PATH),
-            ),
-        ],
+    app = web.Application(client_max_size=config.max_body_size)
+    auth = BasicAuth(
+        realm=config.realm,
+        username=config.username,
+        password=config.password,
+        is_open=lambda path: path in open_paths or path.startswith(SOCKETIO_PATH),
     )
 
     for spec in inbounds.values():
+        plain = "{" not in spec.path
         handler = message_handler(
             spec,
             publisher.positions,
@@ -77,16 +76,16 @@ def build_app(
             max_predicates=config.max_predicates,
             max_event_bytes=config.max_event_bytes,
             max_batch=config.inbound_max_batch,
+            check=auth.check if plain else None,  # the hot path: no layer of its own
         )
-        if "{" in spec.path:  # a parameter may match a path the gateway keeps for itself
+        if not plain:  # a parameter may match a path the gateway keeps for itself
             handler = _not_on(handler, _gateway_path(config))
-        app.router.add_post(spec.path, handler)
-    control.add_routes(app, inbounds)
-    app.router.add_get(
-        HEALTH_PATH, health_handler(serving, health_check, timeout=config.inbound_timeout)
-    )
+        auth.add(app, "POST", spec.path, handler, checks_itself=plain)
+    control.add_routes(lambda path, handler: auth.add(app, "POST", path, handler), inbounds)
+    health = health_handler(serving, health_check, timeout=config.inbound_timeout)
+    auth.add(app, "GET", HEALTH_PATH, health)
     if config.metrics_port is None:
-        app.router.add_get(METRICS_PATH, metrics.handle)
+        auth.add(app, "GET", METRICS_PATH, metrics.handle)
     # python-socketio's attach(), with the handshake limits around its handler; an SSE
     # stream is a new connection too, under the same limits
     limits = HandshakeLimits(
@@ -98,10 +97,10 @@ def build_app(
     # coroutine frame of its request's handlers for its whole life
     socketio_handler = handshake_limits(outbound.sio.eio.handle_request, limits)
     for method in ("GET", "POST", "OPTIONS"):
-        app.router.add_route(method, SOCKETIO_PATH, socketio_handler)
+        auth.add(app, method, SOCKETIO_PATH, socketio_handler, allow_head=False)
     if config.sse_path is not None:
         sse = SseEndpoint(outbound, limits, cors_origins=config.cors_origins)
-        app.router.add_get(config.sse_path, sse.handle)
+        auth.add(app, "GET", config.sse_path, sse.handle)
     if config.flywheel_path is not None:
         flywheel = FlywheelEndpoint(
             outbound,
@@ -109,7 +108,7 @@ def build_app(
             max_incoming_bytes=config.max_incoming_bytes,
             max_publishes_per_second=config.max_publishes_per_second,
         )
-        app.router.add_get(config.flywheel_path, flywheel.handle)
+        auth.add(app, "GET", config.flywheel_path, flywheel.handle)
     if config.gobbler_path is not None:
         gobbler = GobblerEndpoint(
             outbound,
@@ -117,7 +116,8 @@ def build_app(
             max_incoming_bytes=config.max_incoming_bytes,
             max_publishes_per_second=config.max_publishes_per_second,
         )
-        app.router.add_get(config.gobbler_path, gobbler.handle)
+        auth.add(app, "GET", config.gobbler_path, gobbler.handle)
+    auth.seal(app)  # the catch-all route; no route without credentials but the open ones
     return app
 
 

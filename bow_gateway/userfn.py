@@ -17,6 +17,8 @@ async def call_user_function(function: PluginFunction, argument: Any, timeout: f
     A plain function runs on the event loop, as in Bow: it must not block.
     """
     result = function(argument)
+    if type(result) is dict:  # what a plain function returns, nearly always: nothing to await
+        return result
     if inspect.isawaitable(result):
         async with asyncio.timeout(timeout):
             result = await result

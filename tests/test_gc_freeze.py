@@ -72,8 +72,18 @@ async def test_an_embedded_gateway_leaves_the_collector_alone(start_bow: StartBo
         await listener.authenticate(token("embedded"))
         await asyncio.sleep(1.2)  # past the freezer's interval, had it run
         assert gc.get_freeze_count() == 0
+        assert gc.get_threshold()[0] == 700  # CPython's own
     finally:
         await listener.close()
+
+
+async def test_the_youngest_generation_is_collected_less_often_while_the_freezer_runs() -> None:
+    before = gc.get_threshold()
+    async with freezer(lambda: 0):
+        await asyncio.sleep(0.02)
+        assert gc.get_threshold() == (10_000, *before[1:])
+    await asyncio.sleep(0)
+    assert gc.get_threshold() == before  # put back once the gateway stops
 
 
 async def test_what_survives_a_full_collection_is_frozen() -> None:

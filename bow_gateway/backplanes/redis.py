@@ -46,6 +46,7 @@ from .redis_ids import (
     format_id,
     id_before,
     parse_id,
+    raw_reply,
     stream_entries,
 )
 from .redis_instances import FAILURES, Instances
@@ -295,11 +296,11 @@ class RedisBackplane(Backplane):
             if epoch != cursor.epoch:  # a new history: what was read may belong to it
                 check = True
                 continue
-            entries = stream_entries(response)
-            for entry_id, fields in entries:
+            entries = stream_entries(response, FIELD)
+            for entry_id, data in entries:
                 cursor.last, cursor.seen = parse_id(entry_id), cursor.seen + 1
-                if FIELD in fields:
-                    yield Entry(f"{epoch}.{as_text(entry_id)}", fields[FIELD])
+                if data is not None:
+                    yield Entry(f"{epoch}.{as_text(entry_id)}", data)
             # Trimming can pass this reader only while it is behind (its batch came back full)
             # or slow (delivering took long), and each read checks the epoch; looking after every
             # batch would cost a round trip per message.
@@ -470,6 +471,7 @@ class RedisBackplane(Backplane):
             "socket_timeout": self._block_ms / 1000 + 5,  # XREAD BLOCK must not time out
         }
         client = redis_client(self.redis, defaults=own, decode_responses=False)
+        client.set_response_callback("XREAD", raw_reply)  # this client's, read by stream_entries
         return client, [client.aclose]
 
     def _delay(self, attempt: int) -> float:

@@ -35,14 +35,29 @@ class Look:
     length: int
 
 
-def stream_entries(response: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
-    """The ``(id, fields)`` entries of an XREAD on one stream, whatever shape redis-py chose."""
+def stream_entries(response: Any, field: bytes) -> list[tuple[bytes, bytes | None]]:
+    """``(id, the value of field or None)`` of each entry of an XREAD on one stream, read
+    unparsed (:func:`raw_reply`): ``[[key, [[id, [field, value, ...]], ...]]]``, or with RESP3 a
+    map of the key to its entries."""
     if not response:
         return []
     (entries,) = response.values() if isinstance(response, dict) else [s[1] for s in response]
-    if entries and isinstance(entries[0], list):  # RESP3 with legacy_responses: one level more
-        (entries,) = entries
-    return list(entries)
+    return [(entry_id, _value(fields, field)) for entry_id, fields in entries]
+
+
+def _value(fields: list[bytes], field: bytes) -> bytes | None:
+    if fields and fields[0] == field:  # as the backplane writes it: its field first
+        return fields[1]
+    for index in range(2, len(fields) - 1, 2):
+        if fields[index] == field:
+            return fields[index + 1]
+    return None
+
+
+def raw_reply(response: Any, **options: Any) -> Any:
+    """A response callback that leaves the reply as Redis sent it (redis-py's XREAD callback
+    made a dict of each entry's fields: a tenth of the backplane's reading, for one field)."""
+    return response
 
 
 def parse_id(entry_id: bytes | str) -> StreamId:

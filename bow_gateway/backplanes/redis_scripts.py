@@ -39,56 +39,85 @@ PUBLISH: Final = (
 -- KEYS: stream, epoch key, sequences (a hash: topic to its last sequence), then the histories
 -- of the topics this write keeps (streams whose ids are "{sequence}-{ms}", fields d, the data,
 -- and p, its position). ARGV: a new epoch, max length, the length of a history key's prefix
--- (what precedes the topic), then two per event: its data, and "" or "k,max count,max age ms"
--- (k: its history's index in KEYS). A kept event's data carries its sequence: {"q":N,...}.
+-- (what precedes the topic), the number of histories T, then T times "max count,max age ms",
+-- then each event's history number (1..T; 0: not kept) and each event's length in bytes, both
+-- comma-separated, then the events' data end to end: four arguments for any number of events.
+-- A kept event's data carries its sequence: {"q":N,...}. Each history takes its sequences in
+-- one HINCRBY and is trimmed once, by count and by age, after the write's events.
 -- Returns {epoch value, then per event its id and its sequence (0: not kept)}.
 local value = redis.call('GET', KEYS[2])
 if not value or redis.call('EXISTS', KEYS[1]) == 0 then
   value = new_epoch(KEYS[1], KEYS[2], ARGV[1], false)
 end
 local epoch = string.match(value, '^[^ ]*')
-local prefix = tonumber(ARGV[3])
+local prefix, histories = tonumber(ARGV[3]), tonumber(ARGV[4])
+local numbers, lengths, blob = {}, {}, ARGV[7 + histories]
+for k in string.gmatch(ARGV[5 + histories], '%d+') do numbers[#numbers + 1] = tonumber(k) end
+for n in string.gmatch(ARGV[6 + histories], '%d+') do lengths[#lengths + 1] = tonumber(n) end
 local function ms_of(id) return tonumber(string.match(id, '-(%d+)$')) end
-local function keep(data, spec)
-  local k, max_count, max_age = string.match(spec, '^(%d+),(%d+),(%d+)$')
-  local key = KEYS[tonumber(k)]
-  local topic = string.sub(key, prefix + 1)
-  local t = redis.call('TIME')
-  local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local seq = redis.call('HINCRBY', KEYS[3], topic, 1)
-  if seq == 1 then  -- a new topic, or its sequence lost (the hash deleted) but not its history
-    local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
-    if last then
-      seq = tonumber(string.match(last[1], '^(%d+)-')) + 1
-      redis.call('HSET', KEYS[3], topic, seq)
-      ms = math.max(ms, ms_of(last[1]))
-    end
-  end
-  data = '{"q":' .. string.format('%d', seq) .. ',' .. string.sub(data, 2)
-  local entry = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'd', data)
-  local id = string.format('%d-%d', seq, ms)
-  redis.call('XADD', key, 'MAXLEN', max_count, id, 'd', data, 'p', epoch .. '.' .. entry)
-  local cutoff = ms - tonumber(max_age)
-  local oldest = seq % 16 == 0 and redis.call('XRANGE', key, '-', '+', 'COUNT', 1)[1]
-  if oldest and ms_of(oldest[1]) < cutoff then  -- every 16th: drop the front past max age
-    local front = redis.call('XRANGE', key, '-', '+', 'COUNT', 100)
-    local kept = string.format('%d-0', tonumber(string.match(front[#front][1], '^(%d+)-')) + 1)
-    for _, old in ipairs(front) do
-      if ms_of(old[1]) >= cutoff then kept = old[1] break end
-    end
-    redis.call('XTRIM', key, 'MINID', kept)
-  end
-  return entry, seq
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local kept = {}
+for k = 1, histories do kept[k] = 0 end
+for _, k in ipairs(numbers) do
+  if k > 0 then kept[k] = kept[k] + 1 end
 end
-local out = {value}
-for i = 4, #ARGV, 2 do
-  if ARGV[i + 1] == '' then
-    out[#out + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'd', ARGV[i])
+local next_seq, ms = {}, {}
+for k = 1, histories do
+  local key = KEYS[3 + k]
+  local topic = string.sub(key, prefix + 1)
+  ms[k] = now
+  if kept[k] > 0 then
+    local last = redis.call('HINCRBY', KEYS[3], topic, kept[k])
+    if last == kept[k] then  -- a new topic, or its sequence lost (the hash deleted)
+      local newest = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
+      if newest then
+        last = tonumber(string.match(newest[1], '^(%d+)-')) + kept[k]
+        redis.call('HSET', KEYS[3], topic, last)
+        ms[k] = math.max(now, ms_of(newest[1]))
+      end
+    end
+    next_seq[k] = last - kept[k] + 1
+  end
+end
+local out, from = {value}, 1
+for i, k in ipairs(numbers) do
+  local data = string.sub(blob, from, from + lengths[i] - 1)
+  from = from + lengths[i]
+  if k == 0 then
+    out[#out + 1] = redis.call('XADD', KEYS[1], '*', 'd', data)
     out[#out + 1] = 0
   else
-    local entry, seq = keep(ARGV[i], ARGV[i + 1])
+    local seq = next_seq[k]
+    next_seq[k] = seq + 1
+    data = '{"q":' .. string.format('%d', seq) .. ',' .. string.sub(data, 2)
+    local entry = redis.call('XADD', KEYS[1], '*', 'd', data)
+    redis.call('XADD', KEYS[3 + k], string.format('%d-%d', seq, ms[k]), 'd', data, 'p',
+      epoch .. '.' .. entry)
     out[#out + 1] = entry
     out[#out + 1] = seq
+  end
+end
+redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', ARGV[2])
+for k = 1, histories do
+  if kept[k] > 0 then
+    local key = KEYS[3 + k]
+    local max_count, max_age = string.match(ARGV[4 + k], '^(%d+),(%d+)$')
+    redis.call('XTRIM', key, 'MAXLEN', max_count)
+    local cutoff = ms[k] - tonumber(max_age)
+    local oldest = redis.call('XRANGE', key, '-', '+', 'COUNT', 1)[1]
+    local rounds = 10  -- drop the front past max age, 100 at a time, at most 1,000 a write
+    while oldest and rounds > 0 and ms_of(oldest[1]) < cutoff do
+      rounds = rounds - 1
+      local front = redis.call('XRANGE', key, '-', '+', 'COUNT', 100)
+      local keep = string.format('%d-0', tonumber(string.match(front[#front][1], '^(%d+)-')) + 1)
+      local more = true
+      for _, old in ipairs(front) do
+        if ms_of(old[1]) >= cutoff then keep, more = old[1], false break end
+      end
+      redis.call('XTRIM', key, 'MINID', keep)
+      oldest = more and redis.call('XRANGE', key, '-', '+', 'COUNT', 1)[1]
+    end
   end
 end
 return out

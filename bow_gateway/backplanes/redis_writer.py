@@ -141,35 +141,41 @@ class StreamWriter:
     async def _xadd(self, events: list[Out]) -> list[Any]:
         """Run the publish script once for all ``events`` (each event a command of its own cost
         the gateway a command to pack and an answer to parse); each event's answer:
-        ``(epoch value, id, sequence)``, the sequence 0 for an event not kept."""
+        its position and its sequence (None: not kept)."""
         keys = list(self._keys)
-        histories: dict[str, int] = {}
-        args: list[Any] = [secrets.token_hex(6), self._max_len, len(self._topic_prefix.encode())]
-        for data, retention in events:
+        numbers: dict[str, str] = {}  # a history's key: its number among KEYS[4:]
+        specs: list[str] = []
+        kept: list[str] = []  # each event's history number, "0": not kept
+        for _, retention in events:
             if retention is None:
-                args += [data, ""]
+                kept.append("0")
                 continue
             key = self._topic_prefix + retention.topic
-            index = histories.get(key)
-            if index is None:
+            number = numbers.get(key)
+            if number is None:
                 keys.append(key)
-                index = histories[key] = len(keys)
-            max_age_ms = max(1, round(retention.max_age * 1000))
-            args += [data, f"{index},{retention.max_count},{max_age_ms}"]
+                number = numbers[key] = str(len(numbers) + 1)
+                max_age_ms = max(1, round(retention.max_age * 1000))
+                specs.append(f"{retention.max_count},{max_age_ms}")
+            kept.append(number)
+        datas = [data for data, _ in events]
+        lengths = ",".join([str(len(data)) for data in datas])
+        prefix_length = len(self._topic_prefix.encode())
+        args = [secrets.token_hex(6), self._max_len, prefix_length, len(specs), *specs]
+        args += [",".join(kept), lengths, b"".join(datas)]
         value, *answers = await self._scripts.run("publish", keys, args)
-        return [(value, answers[n], answers[n + 1]) for n in range(0, len(answers), 2)]
+        prefix = bytes(value).partition(b" ")[0].decode() + "."  # the epoch, then the id
+        ids, sequences = answers[::2], answers[1::2]
+        return [
+            (prefix + as_text(entry_id), int(sequence) or None)
+            for entry_id, sequence in zip(ids, sequences, strict=True)
+        ]
 
 
 def _settle(written: asyncio.Future[Published], answers: list[Any]) -> None:
-    """The group's positions (and sequences) from its scripts' answers, or the first failure
-    among them."""
+    """The group's positions (and sequences), or the first failure among them."""
     failure = next((answer for answer in answers if isinstance(answer, Exception)), None)
     if failure is not None:
         written.set_exception(failure)
         return
-    published: list[tuple[str, int | None]] = []
-    for answer in answers:
-        epoch = bytes(answer[0]).partition(b" ")[0].decode()
-        sequence = int(answer[2]) or None
-        published.append((f"{epoch}.{as_text(answer[1])}", sequence))
-    written.set_result(published)
+    written.set_result(answers)

@@ -52,6 +52,8 @@ class Connection:
         "ended",
         "exp",
         "farewell",
+        "held",
+        "held_bytes",
         "key",
         "listener_id",
         "lock",
@@ -65,6 +67,7 @@ class Connection:
         "socket",
         "timer",
         "transport",
+        "wrote_in",
     )
 
     def __init__(
@@ -102,6 +105,10 @@ class Connection:
         self.backlog: deque[bytes] | None = None
         self.backlog_bytes = 0
         self.replaying = 0  # how many of the first packets of the backlog are the replay's
+        # Frames written within one event-loop step after its first (:class:`.writer.Writer`)
+        self.held: list[bytes] | None = None
+        self.held_bytes = 0
+        self.wrote_in = -1  # the writer's step of the last frame written to its transport
         # An SSE stream's or a plain websocket's: done when the gateway ends it (or its client
         # went); its handler then closes it with ``farewell``, the code and why
         self.ended: asyncio.Future[None] | None = None

@@ -11,8 +11,6 @@ import asyncio
 import time
 from typing import Any, Final
 
-from prometheus_client import Counter
-
 from .. import codes
 from ..criteria import ID_KEY, ListenerId
 from ..index import Query
@@ -25,6 +23,7 @@ from ..message import (
     SetCriteriaEvent,
     session_of,
 )
+from ..seams.prometheus import StepCounter, StepHistogram
 from ..topics import is_system_name
 from . import codec
 from .codec import Codec, Encoded
@@ -39,7 +38,8 @@ class Delivery:
 
     def __init__(self, outbound: Sockets) -> None:
         self._outbound = outbound
-        self._delivered: dict[str, Counter] = {}  # bow_deliveries_total, by protocol
+        self._delivered: dict[str, StepCounter] = {}  # bow_deliveries_total, by protocol
+        self._resolution = StepHistogram(outbound.metrics.resolution_seconds)
 
     async def deliver(self, position: str, event: Event) -> None:
         """Apply one backplane event, read at ``position``: a message, or a control change."""
@@ -91,7 +91,7 @@ class Delivery:
             return
         started = time.perf_counter()
         connections = index.resolve(event.message.audience)
-        self._outbound.metrics.resolution_seconds.observe(time.perf_counter() - started)
+        self._resolution.observe(time.perf_counter() - started)
         if not connections:
             return
         message = event.message
@@ -147,8 +147,8 @@ class Delivery:
         for protocol, count in counts.items():
             counter = self._delivered.get(protocol)
             if counter is None:
-                counter = self._delivered[protocol] = self._outbound.metrics.deliveries.labels(
-                    protocol
+                counter = self._delivered[protocol] = StepCounter(
+                    self._outbound.metrics.deliveries.labels(protocol)
                 )
             counter.inc(count)
 

@@ -79,6 +79,5 @@ def _packet(kept: Kept, codec: Codec) -> bytes:
         packets = kept.packets = {}
     packet = packets.get(codec.name)
     if packet is None:
-        assert kept.message is not None
         packet = packets[codec.name] = codec.replayed(kept.message, kept.position)
     return packet

@@ -1,5 +1,9 @@
 """Writing to one connection without a task per packet: straight to its websocket, into its
-long-poll queue, or behind a replay under way; a socket over its buffer is slow (4008)."""
+long-poll queue, or behind a replay under way; a socket over its buffer is slow (4008).
+
+A transport's first frame in an event-loop step is written at once; the frames after it in the
+same step are held and written together when the step ends (one ``send()`` for a run of
+messages read in one batch from the backplane, rather than one each)."""
 
 from __future__ import annotations
 
@@ -27,6 +31,9 @@ class Writer:
     ) -> None:
         self._slow = slow
         self.max_buffered_bytes = max_buffered_bytes
+        self._step = 0  # counts event-loop steps in which something was written
+        self._step_ends: asyncio.Handle | None = None  # the callback that ends the step
+        self._holding: list[Connection] = []  # connections with frames held in this step
 
     def write(self, connection: Connection, encoded: bytes, frame: bytes | None = None) -> bool:
         """Send one packet now, in order with everything sent before; False if it was not."""
@@ -60,11 +67,47 @@ class Writer:
             self.bound_kernel_buffer(transport)
         if transport.is_closing():
             return False
-        if limit is not None and transport.get_write_buffer_size() > limit:
+        if limit is not None and transport.get_write_buffer_size() + connection.held_bytes > limit:
             self._slow(connection)
             return False
-        transport.write(frame if frame is not None else connection.codec.frame(encoded))
+        if frame is None:
+            frame = connection.codec.frame(encoded)
+        held = connection.held
+        if held is not None:
+            held.append(frame)
+            connection.held_bytes += len(frame)
+        elif connection.wrote_in == self._step:  # its second frame in this step: held
+            connection.held = [frame]
+            connection.held_bytes = len(frame)
+            self._holding.append(connection)
+        else:
+            connection.wrote_in = self._step
+            if self._step_ends is None:
+                self._step_ends = asyncio.get_running_loop().call_soon(self._end_step)
+            transport.write(frame)
         return True
+
+    def _end_step(self) -> None:
+        """Write what each connection was sent after its first frame of the step, in one go.
+
+        Called soon (``call_soon``) after the step's first write: before whatever the step
+        woke, and, when the consumer yields in the middle of a batch, before other tasks run."""
+        self._step_ends = None
+        self._step += 1
+        holding, self._holding = self._holding, []
+        for connection in holding:
+            self.release(connection)
+
+    def release(self, connection: Connection) -> None:
+        """Write a connection's held frames now (before anything written to it another way)."""
+        held = connection.held
+        if held is None:
+            return
+        connection.held = None
+        connection.held_bytes = 0
+        transport = connection.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(b"".join(held))
 
     def bound_kernel_buffer(self, transport: asyncio.Transport) -> None:
         """Fix a websocket's kernel send buffer to a quarter of ``max_buffered_bytes`` (at most
@@ -83,22 +126,25 @@ class Writer:
 
     def write_alert(self, connection: Connection, encoded: bytes) -> None:
         """Send a last packet to a connection being closed, ahead of anything waiting."""
+        self.release(connection)
         self._send(connection, encoded, None, None)
 
     def buffered(self, connection: Connection) -> int:
         """Bytes written to this connection that its client has not taken yet."""
         socket = connection.socket
         if socket is None:  # an SSE stream: its transport, if it started
-            return (
-                0 if connection.transport is None else connection.transport.get_write_buffer_size()
-            )
+            transport = connection.transport
+            if transport is None:
+                return 0
+            return transport.get_write_buffer_size() + connection.held_bytes
         transport = connection.transport or socket.transport
         if transport is not None:
-            return transport.get_write_buffer_size()
+            return transport.get_write_buffer_size() + connection.held_bytes
         return socket.queued_bytes
 
     def begin_replay(self, connection: Connection, packets: list[bytes]) -> None:
         """From now on what is written to ``connection`` waits behind ``packets``."""
+        self.release(connection)
         connection.backlog = deque(packets)
         connection.backlog_bytes = 0
         connection.replaying = len(packets)

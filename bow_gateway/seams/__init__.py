@@ -1,14 +1,18 @@
-"""python-socketio and python-engineio (and PySpark), reached into where they offer no public seam.
+"""aiohttp, python-socketio, python-engineio, prometheus-client (and PySpark), reached into where
+they offer no public seam.
 
 Everything the gateway does with their private methods and attributes lives in this package:
 
 - :mod:`.transport`: engineio's ``AsyncSocket`` subclassed (:class:`LeanSocket`: the websocket
   transport without a task per packet, a guarded ``receive``, bounded polls);
 - :mod:`.websocket`: engineio's aiohttp websocket driver replaced (the server's
-  ``_async["websocket"]``), letting go of aiohttp's per-connection state a websocket never uses;
+  ``_async["websocket"]``): the gateway answers the upgrade and takes the connection from
+  aiohttp's ``RequestHandler``, reading its frames itself (:mod:`.frames`);
 - :mod:`.server`: python-socketio's ``AsyncServer`` (``_handle_event``, ``_handle_eio_connect``,
   ``_handle_eio_disconnect``, ``_handle_eio_message``, ``_send_packet``) and ``AsyncManager``
   (``basic_disconnect``, ``pending_connect``) subclassed;
+- :mod:`.prometheus`: a histogram's buckets added to once per event-loop step (checked when
+  built: prometheus-client's pins are a range, setup.cfg's);
 - ``spark_daemon/bow_spark_daemon.py``: PySpark's daemon (its private ``pyspark.daemon.manager``)
   for the criteria job's local runs, with the workers' imports done once before it forks. Not a
   module of this package: the job puts its folder on the Python workers' path.
@@ -25,7 +29,7 @@ from collections.abc import Callable
 from importlib.metadata import version as installed_version
 from typing import Final
 
-WRITTEN_FOR: Final = {"python-socketio": "5.18", "python-engineio": "4.15"}
+WRITTEN_FOR: Final = {"aiohttp": "3.14", "python-socketio": "5.18", "python-engineio": "4.15"}
 """The minor version of each library these seams are written and tested for."""
 
 

@@ -5,10 +5,11 @@ python-engineio serves a websocket with a reader loop that starts a task and a `
 packet received, a writer task that waits on a queue (another ``wait_for`` and task per wake-up)
 and a task per socket per ping: at 10,000 sockets, most of the gateway's objects, memory and
 idle CPU. :class:`LeanSocket` keeps engineio's protocol and its server's bookkeeping, and
-replaces that machinery for the websocket transport: one reader loop (the websocket's own
-request task, inlined in engineio's websocket handler; a client that stops answering pings is
-closed by engineio's service task), packets written straight to the transport, pings from one
-timer per tick for all sockets (:mod:`.pings`). Long-polling
+replaces that machinery for the websocket transport: the websocket's driver (:mod:`.websocket`)
+hands each message to :meth:`LeanSocket.received` (a PONG is handled there and then; other
+packets by a task that lives only while some wait), packets are written straight to the
+transport, pings go from one timer per tick for all sockets (:mod:`.pings`), and a client that
+stops answering them is closed by engineio's service task. Long-polling
 sockets keep engineio's queue, with bounds: a poll response carries at most what python-engineio's
 client accepts, the queue is counted in bytes, and a client that stops polling is dropped.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
+from collections import deque
 from typing import Any, Final
 
 from engineio import exceptions as eio_exceptions
@@ -51,6 +53,8 @@ PACKET_OVERHEAD: Final = 64
 INCOMING_RATE: Final = 20.0
 INCOMING_BURST: Final = 100.0
 """Packets a client may send: ``INCOMING_BURST`` at once, then ``INCOMING_RATE`` a second."""
+INBOX: Final = 16
+"""Packets of a websocket waiting to be handled before its reading pauses."""
 _ACCEPTED: Final = frozenset({eio_packet.PONG, eio_packet.MESSAGE, eio_packet.CLOSE})
 
 
@@ -90,19 +94,53 @@ class _Drained:
 _DRAINED: Final = _Drained()
 
 
+class _Lean:
+    """What :class:`LeanSocket` adds to engineio's socket, in one object with slots: engineio's
+    socket keeps its attributes inline in the object while few are added (~0.2 KB), and turns
+    them into a dict of its own (~0.9 KB) once more are."""
+
+    __slots__ = (
+        "closer",
+        "inbox",
+        "incoming",
+        "ping_due",
+        "poll_timer",
+        "polls",
+        "queued_bytes",
+        "reader",
+        "transport",
+        "websocket",
+    )
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None  # while a websocket
+        self.queued_bytes = 0  # what waits in engineio's queue for a long-poll
+        self.websocket: Any = None  # its driver, once upgraded
+        self.ping_due: float | None = None  # the tick of the ping wheel it is pinged at
+        self.poll_timer: asyncio.TimerHandle | None = None
+        self.closer: asyncio.Future[Any] | None = None
+        self.incoming: TokenBucket | None = None
+        self.inbox: deque[eio_packet.Packet | ProtocolViolation | None] | None = None
+        self.reader: asyncio.Task[None] | None = None  # reads the inbox while it holds some
+        self.polls = 0  # long-polling GETs under way
+
+
 class LeanSocket(AsyncSocket):  # type: ignore[misc]
     """An engineio socket whose websocket transport needs no task per packet (module doc)."""
 
-    transport: asyncio.Transport | None = None
-    """Set while the socket is a websocket: what is sent is written straight to it."""
-    queued_bytes: int = 0
-    """What waits in engineio's queue for a long-poll, in bytes (:data:`PACKET_OVERHEAD` each)."""
-    _websocket: Any = None
-    _ping_due: float | None = None  # the tick of the ping wheel this socket is pinged at
-    _poll_timer: asyncio.TimerHandle | None = None
-    _closer: asyncio.Future[Any] | None = None
-    _incoming: TokenBucket | None = None
-    _polls: int = 0  # long-polling GETs under way
+    _lean: _Lean  # set by make_lean
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        """Set while the socket is a websocket: what is sent is written straight to it."""
+        return self._lean.transport
+
+    @property
+    def queued_bytes(self) -> int:
+        """What waits in engineio's queue for a long-poll, in bytes (:data:`PACKET_OVERHEAD`
+        each)."""
+        return self._lean.queued_bytes
+
     # engineio's own state, set by its constructor
     queue: Any  # an asyncio.Queue, then _DRAINED once the socket is a websocket
     last_ping: float | None
@@ -114,28 +152,28 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
 
     def write(self, frame: bytes) -> bool:
         """Write a whole WebSocket frame now, if the socket is an open websocket."""
-        transport = self.transport
+        transport = self._lean.transport
         if transport is None or transport.is_closing():
             return False
         transport.write(frame)
         return True
 
     async def send(self, pkt: eio_packet.Packet) -> None:
-        if self.transport is not None:
+        if self._lean.transport is not None:
             if await self.check_ping_timeout():
                 self.write(_frame_of(pkt))
-        elif self._websocket is None:
-            self.queued_bytes += _size(pkt)
+        elif self._lean.websocket is None:
+            self._lean.queued_bytes += _size(pkt)
             await super().send(pkt)  # long-polling, or not upgraded yet: engineio's queue
         # else the websocket is ending: nothing would ever read the queue
 
     def enqueue(self, data: str) -> bool:
         """Queue a MESSAGE for a long-poll now, without yielding (delivery order is kept across
         sockets); False if the socket is (becoming) a websocket or closed."""
-        if self.transport is not None or self._websocket is not None or self.closing:
+        if self._lean.transport is not None or self._lean.websocket is not None or self.closing:
             return False
         pkt = eio_packet.Packet(eio_packet.MESSAGE, data)
-        self.queued_bytes += _size(pkt)
+        self._lean.queued_bytes += _size(pkt)
         self.queue.put_nowait(pkt)
         return True
 
@@ -144,14 +182,14 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             return
         if self.last_ping:  # the previous ping was answered (or none was sent)
             self.last_ping = None
-            self._ping_due = PingWheel.of(self.server).add(self, self.server.ping_interval)
+            self._lean.ping_due = PingWheel.of(self.server).add(self, self.server.ping_interval)
 
     def _ping(self) -> None:
-        self._ping_due = None
+        self._lean.ping_due = None
         if self.closing or self.closed:
             return
         self.last_ping = time.time()
-        if self._websocket is None:
+        if self._lean.websocket is None:
             self.queue.put_nowait(eio_packet.Packet(eio_packet.PING))  # long-polling
         else:
             self.write(PING_FRAME)
@@ -177,7 +215,7 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
                 break
             packets.append(pkt)
             size += _size(pkt)
-        self.queued_bytes = max(0, self.queued_bytes - size)
+        self._lean.queued_bytes = max(0, self._lean.queued_bytes - size)
         return packets
 
     async def handle_get_request(self, environ: dict[str, Any]) -> Any:
@@ -191,32 +229,33 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             if driver is None:
                 return self.server._bad_request()
             return await driver(self._websocket_handler, self.server)(environ)
-        self._polls += 1
+        self._lean.polls += 1
         try:
             return await super().handle_get_request(environ)
         except eio_exceptions.QueueEmpty as error:  # a long-poll that waited in vain
             # engineio raised it from a frame that holds it in a local (sys.exc_info()): a cycle
             traceback.clear_frames(error.__traceback__)
         finally:
-            self._polls -= 1
+            self._lean.polls -= 1
             # Not while another poll waits (a stale one the client left after a network blip)
-            if not (self._polls or self.upgrading or self.upgraded or self.closing or self.closed):
+            lean = self._lean
+            if not (lean.polls or self.upgrading or self.upgraded or self.closing or self.closed):
                 # A long-polling client polls again as soon as it has a response: one that
                 # does not within ping_timeout has gone, and nothing should wait for it.
                 loop = asyncio.get_running_loop()
-                self._poll_timer = loop.call_later(self.server.ping_timeout, self._poll_missed)
+                self._lean.poll_timer = loop.call_later(self.server.ping_timeout, self._poll_missed)
         raise eio_exceptions.QueueEmpty()
 
     def _poll_missed(self) -> None:
-        self._poll_timer = None
+        self._lean.poll_timer = None
         if not (self.upgrading or self.upgraded or self.closing or self.closed):
             reason = self.server.reason.PING_TIMEOUT
-            self._closer = asyncio.ensure_future(self.shut(abort=True, reason=reason))
+            self._lean.closer = asyncio.ensure_future(self.shut(abort=True, reason=reason))
 
     def _cancel_poll_timer(self) -> None:
-        if self._poll_timer is not None:
-            self._poll_timer.cancel()
-            self._poll_timer = None
+        if self._lean.poll_timer is not None:
+            self._lean.poll_timer.cancel()
+            self._lean.poll_timer = None
 
     async def handle_post_request(self, environ: dict[str, Any]) -> None:
         """Packets a long-polling client sent: at most ``max_http_buffer_size`` bytes of them."""
@@ -246,16 +285,78 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             # Already forgotten (shut while this POST ran): engineio's handler would fail on it
 
     async def receive(self, pkt: eio_packet.Packet) -> None:
+        self._admit(pkt)
+        await super().receive(pkt)
+
+    def _admit(self, pkt: eio_packet.Packet) -> None:
+        """Raise :class:`ProtocolViolation` for a packet no Engine.IO client sends, or one past
+        the rate."""
         if pkt.packet_type not in _ACCEPTED:
             raise ProtocolViolation(f"an Engine.IO packet of type {pkt.packet_type!r}")
         if not isinstance(pkt.data, str | None):
             raise ProtocolViolation("a binary packet (this gateway takes none from clients)")
-        bucket = self._incoming
+        bucket = self._lean.incoming
         if bucket is None:
-            bucket = self._incoming = TokenBucket(INCOMING_RATE, INCOMING_BURST)
+            bucket = self._lean.incoming = TokenBucket(INCOMING_RATE, INCOMING_BURST)
         if not bucket.take():
             raise ProtocolViolation(f"over {INCOMING_RATE:g} packets a second")
-        await super().receive(pkt)
+
+    def received(self, data: str | bytes) -> bool:
+        """A message of this socket's websocket, from its driver, in order: a PONG with nothing
+        before it waiting is handled now, anything else by a task that lives while there is
+        something to read. False once :data:`INBOX` wait (the driver pauses its reading)."""
+        try:
+            pkt = _decode(data)
+            self._admit(pkt)
+        except ProtocolViolation as error:
+            self._take_in(error)
+            return False  # closed next: nothing more is read
+        if self._lean.inbox is None and pkt.packet_type == eio_packet.PONG:
+            self.schedule_ping()  # what engineio's receive() does with a PONG
+            return True
+        return self._take_in(pkt)
+
+    def lost(self) -> None:
+        """The websocket ended (either side closed it, or the connection was lost)."""
+        self._take_in(None)
+
+    def _take_in(self, item: eio_packet.Packet | ProtocolViolation | None) -> bool:
+        inbox = self._lean.inbox
+        if inbox is None:
+            inbox = self._lean.inbox = deque()
+            self._lean.reader = asyncio.ensure_future(self._read(inbox))
+        inbox.append(item)
+        return len(inbox) < INBOX
+
+    async def _read(self, inbox: deque[eio_packet.Packet | ProtocolViolation | None]) -> None:
+        """What the websocket took in, in order: packets, a violation, its end."""
+        try:
+            while inbox:
+                item = inbox.popleft()
+                try:
+                    if item is None:
+                        await self._ended()
+                    elif isinstance(item, ProtocolViolation):
+                        await self.violated(item)
+                    elif not (self.closing or self.closed):
+                        await AsyncSocket.receive(self, item)
+                except eio_exceptions.SocketIsClosedError:
+                    pass
+                except Exception:  # the packets after it, and the websocket's end, still count
+                    logger.exception("Engine.IO connection %s: a packet failed", self.sid)
+        finally:
+            self._lean.inbox = self._lean.reader = None
+            websocket = self._lean.websocket
+            if websocket is not None and not (self.closing or self.closed):
+                websocket.resume()
+
+    async def _ended(self) -> None:
+        """Close the socket whose websocket ended, and forget it (engineio's request handler
+        did, once its websocket's handler returned)."""
+        self._lean.transport = None
+        await self.close(wait=False, abort=True, reason=self.server.reason.TRANSPORT_CLOSE)
+        if self.server.sockets.get(self.sid) is self:
+            del self.server.sockets[self.sid]
 
     async def violated(self, error: Exception) -> None:
         """Close this connection for what its client sent; say so once, without a traceback.
@@ -277,24 +378,25 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
         await self.close(wait=False, abort=abort, reason=reason)
 
     async def close(self, wait: bool = True, abort: bool = False, reason: Any = None) -> None:
-        if self._ping_due is not None:
-            PingWheel.of(self.server).discard(self, self._ping_due)
-            self._ping_due = None
+        if self._lean.ping_due is not None:
+            PingWheel.of(self.server).discard(self, self._lean.ping_due)
+            self._lean.ping_due = None
         self._cancel_poll_timer()
         was_open = not (self.closing or self.closed)
         await super().close(wait=wait, abort=abort, reason=reason)
-        websocket = self._websocket
+        websocket = self._lean.websocket
         if websocket is not None:
-            if not websocket._sock.closed:
-                # engineio's writer task used to close it: the reader loop then ends
-                self._closer = asyncio.ensure_future(websocket.close())
+            # The driver tells lost() once the connection ends: when the client answers the
+            # close frame, or at once for an abort
+            websocket.close(now=abort)
         elif abort and was_open:
             # Ends a long-poll under way, which would otherwise wait out its 45 s: also when
             # the client itself sent CLOSE (python-socketio's client then waited that long).
             self.queue.put_nowait(None)
 
     async def _websocket_handler(self, ws: Any) -> None:
-        """Engine.IO over this websocket: the upgrade handshake, then one reader loop."""
+        """Engine.IO over this websocket: the upgrade handshake, then the driver hands what it
+        reads to :meth:`received`."""
         if self.connected:  # an upgrade from long-polling
             self.upgrading = True  # engineio queues what is sent meanwhile
             try:
@@ -317,41 +419,23 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             self.connected = self.upgraded = True
         # What waits in the queue (the OPEN packet, or what the long-polling client has not
         # fetched) is written first, then everything goes straight to the transport: in order.
-        self._websocket = ws
-        self.transport = ws.transport
+        self._lean.websocket = ws
+        self._lean.transport = ws.transport
         while not self.queue.empty():
             pkt = self.queue.get_nowait()
             self.queue.task_done()
             if pkt is not None:
                 self.write(_frame_of(pkt))
         self.queue = _DRAINED
-        self.queued_bytes = 0
-        # The reader loop, here rather than in a coroutine of its own, and reading aiohttp's
-        # websocket rather than the driver's wait(): frames a socket would keep for its whole
-        # life. No deadline per read (a timer and a Timeout per idle socket): a client that
-        # stops answering pings is closed by engineio's service task (check_ping_timeout),
-        # which ends this loop.
-        limit = self.server.max_http_buffer_size
-        receive = ws.websocket.receive
-        try:
-            while not (self.closing or self.closed):  # it may have been closed while upgrading
-                try:
-                    data = (await receive()).data
-                except OSError:
-                    break
-                if not isinstance(data, str | bytes) or len(data) > limit:
-                    break  # closed (data: its code), or an error
-                try:
-                    await self.receive(_decode(data))
-                except ProtocolViolation as error:
-                    await self.violated(error)
-                    break
-                except eio_exceptions.SocketIsClosedError:
-                    break
-        finally:  # also when aiohttp cancels the handler
-            self.transport = None
-            await self.close(wait=False, abort=True, reason=self.server.reason.TRANSPORT_CLOSE)
-            await ws.close()
+        self._lean.queued_bytes = 0
+        if self.closing or self.closed:  # closed while upgrading
+            self._lean.transport = None
+            ws.close(now=True)
+            return
+        # From now on the driver hands what it reads to received(), and this handler returns:
+        # no coroutine frame, task or timer is kept for an idle websocket. A client that stops
+        # answering pings is closed by engineio's service task (check_ping_timeout).
+        ws.attach(self)
 
 
 def _upgrades_to_websocket(environ: dict[str, Any]) -> bool:
@@ -378,4 +462,5 @@ def make_lean(server: Any, eio_sid: str) -> None:
     """Turn engineio's new socket ``eio_sid`` into a :class:`LeanSocket` (same state, methods)."""
     socket = server.sockets.get(eio_sid)
     if type(socket) is AsyncSocket:
+        socket._lean = _Lean()
         socket.__class__ = LeanSocket

@@ -1,94 +1,221 @@
-"""Engine.IO's aiohttp websocket driver, lean: what a websocket keeps for its whole life.
+"""Engine.IO's websocket driver, off aiohttp once the handshake is answered.
 
-python-engineio's driver (``engineio.async_drivers.aiohttp.WebSocket``) is replaced in the
-server's ``_async["websocket"]`` by :class:`WebSocketDriver`, which never negotiates compression,
-and, once the handshake is done, lets go of what aiohttp keeps for the connection's life but
-never uses again on a server's websocket (reaches into aiohttp 3.14's ``RequestHandler`` and
-``WebSocketWriter``, each only when it finds there what it expects).
+python-engineio's aiohttp driver (``engineio.async_drivers.aiohttp.WebSocket``) is replaced in
+the server's ``_async["websocket"]`` by :class:`WebSocketDriver`: it answers the upgrade itself
+(``101``, never compression), then takes the connection from aiohttp, as the transport's
+protocol, and reads its frames (:mod:`.frames`). The request's handler then returns, and
+everything aiohttp kept for the connection (its ``RequestHandler``, the request, two tasks, a
+websocket's reader, queue and writer) and the coroutine frames of the handler chain are let go.
+An idle websocket is this driver and its transport, with no task of its own.
+
+Taking the connection reaches into aiohttp 3.14's ``RequestHandler`` (:func:`_take_over`): its
+buffered tail of the upgrade request, its parser and its server's table of connections.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import random
-import struct
+import base64
+import binascii
+import hashlib
 from collections import deque
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from aiohttp import web
-from engineio.async_drivers import aiohttp as eio_aiohttp
+from aiohttp import hdrs, web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.web_request import BaseRequest
+
+from .frames import FrameReader, websocket_frame
+
+__all__ = ["WebSocketDriver", "websocket_frame"]
+
+_GUID: Final = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455 section 1.3
+CLOSE_WAIT: Final = 5.0
+"""Seconds a websocket closed by the gateway waits for the client's close frame before the
+connection is cut."""
+EARLY_MESSAGES: Final = 4
+"""Messages kept for the handler's :meth:`WebSocketDriver.wait` before a socket takes them (an
+upgrade from long-polling waits for two): a client sending more meanwhile is closed."""
 
 
-def websocket_frame(data: bytes, binary: bool = False) -> bytes:
-    """An unmasked, uncompressed, final WebSocket frame (RFC 6455 section 5.2)."""
-    first = 0x82 if binary else 0x81
-    length = len(data)
-    if length < 126:
-        return bytes((first, length)) + data
-    if length < 65_536:
-        return struct.pack("!BBH", first, 126, length) + data
-    return struct.pack("!BBQ", first, 127, length) + data
+class Reader(Protocol):
+    """The Engine.IO socket a websocket's messages go to once it is upgraded (a LeanSocket)."""
+
+    def received(self, data: str | bytes) -> bool: ...
+
+    def lost(self) -> None: ...
 
 
-class WebSocketDriver(eio_aiohttp.WebSocket):  # type: ignore[misc]
-    """engineio's aiohttp websocket, without permessage-deflate, its transport known.
+class WebSocketDriver(FrameReader):
+    """One Engine.IO websocket: engineio's driver interface (``__call__(environ)``, ``wait``,
+    ``send``, ``close``) for the handshake and the upgrade, then the connection's protocol.
 
-    Compression costs a zlib context per socket (~100 KB with clients that negotiate it, as
-    socket.io-client does) and a compression per frame per socket, for frames that are small.
+    What it reads goes to :meth:`wait` until :meth:`attach` names the socket that takes the
+    messages from then on, in order; the socket may pause the reading (:meth:`resume`).
     """
 
-    handler: Any  # engineio's: the socket's _websocket_handler, until it returns
+    __slots__ = ("_close_timer", "_early", "_reader", "_waiter", "environ", "handler", "server")
 
-    @property
-    def websocket(self) -> web.WebSocketResponse:
-        sock: web.WebSocketResponse = self._sock
-        return sock
+    def __init__(self, handler: Any, server: Any) -> None:
+        super().__init__(server.max_http_buffer_size)
+        self.handler: Any = handler  # the socket's _websocket_handler, until it returns
+        self.server: Any = server
+        self.environ: dict[str, Any] = {}
+        self._reader: Reader | None = None
+        self._early: deque[str | bytes] | None = deque()
+        self._waiter: asyncio.Future[str | bytes] | None = None
+        self._close_timer: asyncio.TimerHandle | None = None
 
-    async def __call__(self, environ: dict[str, Any]) -> web.WebSocketResponse:
-        request = environ["aiohttp.request"]
-        self._sock = web.WebSocketResponse(
-            max_msg_size=self.server.max_http_buffer_size, compress=False
+    async def __call__(self, environ: dict[str, Any]) -> web.StreamResponse:
+        request: web.Request = environ["aiohttp.request"]
+        accept = _handshake(request)
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("Connection lost")
+        transport.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n"
         )
-        await self._sock.prepare(request)
-        _release_http_state(request.protocol)
-        _share_writer_state(getattr(self._sock, "_writer", None))
+        self.transport = transport
+        _take_over(request.protocol, transport, self)
         self.environ = environ
-        self.transport = request.transport
         try:
             await self.handler(self)
         finally:
-            self.handler = None  # the socket's bound method: the socket keeps this driver
-            # What a write to a vanished peer raised, kept with its traceback: frames that
-            # refer to this response
-            self._sock._exception = None
-        return self._sock
+            self.handler = None
+            self.environ = {}
+            if self._reader is None:  # no socket took it (an upgrade that failed): closed
+                self.close()
+        return _Detached()
+
+    def attach(self, reader: Reader) -> None:
+        """From now on, what the client sends goes to ``reader``: first what :meth:`wait` did
+        not take, in order."""
+        early, self._early = self._early, None
+        self._reader = reader
+        if self.transport is None:
+            reader.lost()
+            return
+        paused = False
+        for data in early or ():
+            paused = not reader.received(data) or paused
+        if paused:
+            self.pause()
+
+    async def wait(self) -> str | bytes:
+        """The next message, before a socket is attached (engineio's driver interface)."""
+        early = self._early
+        if early:
+            return early.popleft()
+        if self.transport is None or self.closing or early is None:
+            raise OSError("websocket closed")
+        waiter: asyncio.Future[str | bytes] = asyncio.get_running_loop().create_future()
+        self._waiter = waiter
+        try:
+            data: str | bytes = await waiter
+            return data
+        finally:
+            self._waiter = None
+
+    async def send(self, message: str | bytes) -> None:
+        """Write one message (engineio's driver interface: the upgrade's ``3probe``)."""
+        if isinstance(message, bytes):
+            self.write(websocket_frame(message, binary=True))
+        else:
+            self.write(websocket_frame(message.encode()))
+
+    def close(self, code: int = 1000, *, now: bool = False) -> None:
+        """Send a close frame (once); the connection ends when the client answers it, or at
+        once if ``now`` (once what was written is sent), and is cut after :data:`CLOSE_WAIT` s
+        in any case."""
+        if not self.send_close(code):
+            return
+        transport = self.transport
+        if transport is None:
+            return
+        if now:
+            transport.close()
+        self._close_timer = asyncio.get_running_loop().call_later(CLOSE_WAIT, self._cut)
+
+    def _cut(self) -> None:
+        self._close_timer = None
+        if self.transport is not None:
+            self.transport.abort()
+
+    def message(self, data: str | bytes) -> bool:
+        reader = self._reader
+        if reader is not None:
+            return reader.received(data)
+        waiter = self._waiter
+        early = self._early
+        if waiter is not None and not waiter.done():
+            waiter.set_result(data)
+        elif early is not None and len(early) < EARLY_MESSAGES:
+            early.append(data)
+        else:
+            self.fail(1008)
+            return False
+        return True
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        if self._close_timer is not None:
+            self._close_timer.cancel()
+            self._close_timer = None
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(OSError("websocket closed"))
+        reader, self._reader = self._reader, None  # the socket holds this driver: no cycle
+        if reader is not None:
+            reader.lost()
 
 
-def _release_http_state(protocol: Any) -> None:
-    """Once a connection is a websocket, aiohttp's HTTP/1.1 parser and its queue of pipelined
-    requests are never used again (what arrives goes to the websocket's reader; the handler's
-    return ends the connection), yet its ``RequestHandler`` keeps both for the connection's
-    life: ~1.5 KB a socket. Only when they are what aiohttp 3.14 has there, an empty queue."""
-    if getattr(protocol, "_payload_parser", None) is None:
-        return  # not upgraded
-    if getattr(protocol, "_parser", None) is not None:
-        protocol._parser = None
-    messages = getattr(protocol, "_messages", None)
-    if isinstance(messages, deque) and not messages:
-        protocol._messages = ()  # falsy as an empty queue; appending would fail, not share
+class _Detached(web.StreamResponse):
+    """What the handler returns once the connection is the driver's: aiohttp writes nothing."""
+
+    async def prepare(self, request: BaseRequest) -> AbstractStreamWriter | None:
+        return None
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        return None
 
 
-def _share_writer_state(writer: Any) -> None:
-    """A server's websocket writer never masks nor compresses in the background (compression
-    is never negotiated), yet each holds a ``partial`` for masks and a set for those tasks."""
-    if getattr(writer, "use_mask", True) or getattr(writer, "compress", 1):
-        return
-    if isinstance(getattr(writer, "_background_tasks", None), set):
-        writer._background_tasks = _NO_TASKS
-    if isinstance(getattr(writer, "get_random_bits", None), functools.partial):
-        writer.get_random_bits = _NO_MASKS
+def _handshake(request: web.Request) -> bytes:
+    """The ``Sec-WebSocket-Accept`` of a valid opening handshake (RFC 6455 section 4.2.1), else
+    ``400`` as aiohttp's websocket answers; engineio checked ``Upgrade`` and ``Connection``."""
+    headers = request.headers
+    if request.version < (1, 1) or "websocket" != headers.get(hdrs.UPGRADE, "").lower().strip():
+        raise web.HTTPBadRequest(text="not a WebSocket upgrade")
+    if headers.get(hdrs.SEC_WEBSOCKET_VERSION, "") not in ("13", "8", "7"):
+        raise web.HTTPBadRequest(text="unsupported WebSocket version")
+    key = headers.get(hdrs.SEC_WEBSOCKET_KEY, "")
+    try:
+        if len(base64.b64decode(key, validate=True)) != 16:
+            raise ValueError(key)
+    except (binascii.Error, ValueError):
+        raise web.HTTPBadRequest(text="invalid Sec-WebSocket-Key") from None
+    return base64.b64encode(hashlib.sha1(key.encode() + _GUID).digest())
 
 
-_NO_TASKS: Final[set[asyncio.Task[None]]] = set()
-_NO_MASKS: Final = functools.partial(random.getrandbits, 32)
+def _take_over(handler: Any, transport: asyncio.Transport, protocol: WebSocketDriver) -> None:
+    """Make ``protocol`` the transport's, and aiohttp's ``RequestHandler`` let go of it.
+
+    aiohttp 3.14's handler keeps what arrived after the upgrade request in ``_message_tail``,
+    and, once the request's handler returns, would parse that tail as HTTP (its ``_parser``)
+    and close the transport: with no transport nor parser left it does neither, and its server
+    forgets it once its task ends. What was buffered is read by ``protocol``.
+    """
+    tail = handler._message_tail
+    handler._message_tail = b""
+    handler._parser = None
+    handler.keep_alive(False)  # cancels its keep-alive timer
+    manager = handler._manager
+    if manager is not None:
+        manager.connection_lost(handler, None)
+    handler.transport = None
+    handler.force_close()  # only flags now: it has no transport to close
+    transport.set_protocol(protocol)
+    if not transport.is_reading():  # aiohttp paused it for a tail it could not parse yet
+        transport.resume_reading()
+    if tail:
+        protocol.data_received(tail)
