@@ -2,13 +2,15 @@
 
 Run:  .venv/bin/python bench/criteria_job_bench.py [--listeners 1000000] [--small 10000]
       [--churn 0.01] [--postgres postgresql://postgres@127.0.0.1:5432/test] [--no-postgres]
-      [--class-archive /var/tmp/bow-spark.jsa] [--wide 1000000]
+      [--class-archive /var/tmp/bow-spark.jsa] [--wide 1000000] [--conf KEY=VALUE ...]
 
-A plain script, not a test. It starts a private ``redis-server`` (free port, no persistence,
-``hash-max-listpack-value 512``), measures Redis's own pipelined write ceiling on it
-(``redis-benchmark -P 64 -t set``, distinct keys), makes the data set of bench/criteria_data.py
-(Parquet files and PostgreSQL schema ``bow_bench``), then runs the real command line, each run a
-fresh process (so every wall time includes starting Python, the JVM and Spark):
+``--job-root DIR`` runs another checkout's job (its ``.venv/bin/bow-gateway``) with this script,
+e.g. to compare before and after a change. A plain script, not a test. It starts a private
+``redis-server`` (free port, no persistence, ``hash-max-listpack-value 512``), measures Redis's
+own pipelined write ceiling on it (``redis-benchmark -P 64 -t set``, distinct keys), makes the
+data set of bench/criteria_data.py (Parquet files and PostgreSQL schema ``bow_bench``), then runs
+the real command line, each run a fresh process (so every wall time includes starting Python,
+the JVM and Spark):
 
 1. a full run from Parquet, 2. a full run from PostgreSQL (JDBC, 4 partitions per table),
 3. ``--churn`` of the listeners changed in PostgreSQL, then an incremental run,
@@ -20,7 +22,10 @@ With ``--class-archive`` the job files set ``spark.class_archive`` (an AppCDS ar
 classes: a faster JVM start); a first run of the small data set makes the archive when it does
 not exist yet, and is not counted.
 
-It prints wall time, the write phase's rate and its fraction of the ``redis-benchmark`` ceiling,
+It prints wall time, CPU seconds of the job's processes by kind (its driver and Python workers,
+the JVM; sampled from /proc), of Redis (its INFO) and of every other process of the machine
+meanwhile ("other"), the same for the write phase alone (between its progress lines), its rate
+and its fraction of the ``redis-benchmark`` ceiling,
 Redis memory per listener (``used_memory`` over the live snapshot, and ``MEMORY USAGE`` of sampled
 buckets against the bytes of their fields and values), and what each run wrote to Redis
 (``HSET``/``HDEL`` calls and bytes received, from ``INFO``), with the issue's targets.
@@ -35,6 +40,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +55,12 @@ from bow_gateway.criteria_snapshot import Layout, Live  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
 
 NAMESPACE = "bench"
+JOB_ROOT = ROOT
+QUIET_WAIT = 60.0
+"""Seconds each run waits at most for a quiet machine (``--quiet-wait``)."""
+"""The checkout whose ``.venv/bin/bow-gateway`` runs the job (``--job-root``)."""
+EXTRA_CONF: dict[str, str] = {}
+"""``--conf KEY=VALUE``: more Spark settings in every job file (e.g. to compare a setting)."""
 JAR = "/usr/share/java/postgresql.jar"
 
 
@@ -93,6 +105,7 @@ def job_file(
         f'[redis]\nurl = "{redis_url}"\nnamespace = "{NAMESPACE}"\n'
         + (f'[spark]\nclass_archive = "{archive}"\n' if archive else "")
         + '[spark.conf]\n"spark.ui.enabled" = "false"\n"spark.driver.memory" = "3g"\n'
+        + "".join(f'"{key}" = "{value}"\n' for key, value in EXTRA_CONF.items())
         + inputs
         + f'[criteria]\nquery = """{query}"""\n'
         + f'[snapshot]\ngrace_seconds = 0\nstate_dir = "{state}"\n'
@@ -119,21 +132,112 @@ def postgres_inputs(jdbc: str, schema: str, listeners: int) -> str:
     )
 
 
+class TreeCPU:
+    """CPU seconds of a process and its descendants, by kind (the job's driver, the JVM, the
+    Python workers), sampled from /proc while it runs (a process is counted at its last sample)."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.seen: dict[int, tuple[str, float]] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while not self.stop.wait(0.2):
+            parents: dict[int, int] = {}
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    try:
+                        with open(f"/proc/{entry}/stat", encoding="ascii") as stat:
+                            text = stat.read()
+                        parents[int(entry)] = int(text[text.rindex(")") + 2 :].split()[1])
+                    except (OSError, ValueError):
+                        continue
+            tree, grew = {self.root}, True
+            while grew:
+                found = {pid for pid, parent in parents.items() if parent in tree} - tree
+                grew = bool(found)
+                tree |= found
+            for pid in tree:
+                try:
+                    cpu = common.cpu_seconds(pid)
+                    with open(f"/proc/{pid}/comm", encoding="utf-8") as comm:
+                        name = comm.read().strip()
+                except OSError:
+                    continue
+                if pid == self.root:
+                    kind = "driver"
+                elif name == "java":
+                    kind = "jvm"
+                else:  # PySpark's daemon and workers (anything else the job would start)
+                    kind = "python"
+                self.seen[pid] = (kind, cpu)
+
+    def now(self) -> dict[str, float]:
+        """The CPU seconds so far, by kind."""
+        found: dict[str, float] = {}
+        for kind, cpu in list(self.seen.values()):
+            found[kind] = found.get(kind, 0.0) + cpu
+        return found
+
+    def totals(self) -> dict[str, float]:
+        self.stop.set()
+        self.thread.join()
+        return self.now()
+
+
+def redis_cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def run_job(config: Path, client: redis.Redis, incremental: bool = False) -> dict[str, Any]:
-    """One ``bow-gateway criteria-job`` process; its wall time, summary and Redis writes."""
-    common.wait_for_quiet(60)
+    """One ``bow-gateway criteria-job`` process; its wall time, summary, CPU and Redis writes."""
+    common.wait_for_quiet(QUIET_WAIT)
     client.config_resetstat()
     received = int(client.info("stats")["total_net_input_bytes"])
-    command = [str(ROOT / ".venv/bin/bow-gateway"), "criteria-job", "--config", str(config)]
+    command = [str(JOB_ROOT / ".venv/bin/bow-gateway"), "criteria-job", "--config", str(config)]
     if incremental:
         command.append("--incremental")
+    redis_before, busy_before = redis_cpu(client), common.machine_busy_seconds()
+    load = common.load_average()
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = TreeCPU(process.pid)
+    marks: dict[str, dict[str, float]] = {}  # the CPU seconds when the write phase began, ended
+
+    def progress() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            lines.append(line)
+            if re.search(r"\] (writing snapshot|writing the changes)", line):
+                time.sleep(0.25)  # a sample after the line
+                marks["begin"] = {**sampler.now(), "redis": redis_cpu(client)}
+            elif re.search(r"\] (wrote \d|[\d,]+ changed, )", line):
+                time.sleep(0.25)
+                marks["end"] = {**sampler.now(), "redis": redis_cpu(client)}
+
+    lines: list[str] = []
+    reader = threading.Thread(target=progress, daemon=True)
+    reader.start()
+    out = process.stdout.read() if process.stdout is not None else ""
+    process.wait()
+    reader.join()
+    err = "".join(lines)
     wall = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"the job failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    cpu = sampler.totals()
+    write_cpu = {
+        kind: marks["end"].get(kind, 0.0) - marks["begin"].get(kind, 0.0)
+        for kind in ("driver", "jvm", "python", "redis")
+        if "begin" in marks and "end" in marks
+    }
+    cpu["redis"] = redis_cpu(client) - redis_before
+    cpu["other"] = max(0.0, common.machine_busy_seconds() - busy_before - sum(cpu.values()))
+    if process.returncode != 0:
+        raise SystemExit(f"the job failed ({process.returncode}):\n{err[-3000:]}")
     calls = client.info("commandstats")
-    summary = done.stdout
+    summary = out
     write = re.search(r"write phase\s+([\d.]+) s\s+\(([\d,]+) listeners/s\)", summary)
     assert write is not None, summary
     numbers = {
@@ -141,9 +245,12 @@ def run_job(config: Path, client: redis.Redis, incremental: bool = False) -> dic
         for key in ("listeners read", "written", "changed", "removed")
         if (m := re.search(rf"{key}\s+([\d,]+)", summary))
     }
-    phases = [line for line in done.stderr.splitlines() if line.startswith("[")]
+    phases = [line for line in err.splitlines() if line.startswith("[")]
     return {
         "wall": wall,
+        "load": load,
+        "cpu": cpu,
+        "write_cpu": write_cpu,
         "write_seconds": float(write.group(1)),
         "rate": int(write.group(2).replace(",", "")),
         "hset": calls.get("cmdstat_hset", {}).get("calls", 0),
@@ -190,7 +297,18 @@ def main() -> None:
     parser.add_argument(
         "--wide", type=int, help="listeners of the wide shape (default: --listeners; 0: none)"
     )
+    parser.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
+    )
+    parser.add_argument("--quiet-wait", type=float, default=60.0, metavar="SECONDS")
+    parser.add_argument(
+        "--job-root", metavar="DIR", help="run the job of another checkout (its .venv)"
+    )
     args = parser.parse_args()
+    global JOB_ROOT, QUIET_WAIT
+    JOB_ROOT = Path(args.job_root).resolve() if args.job_root else ROOT
+    QUIET_WAIT = args.quiet_wait
+    EXTRA_CONF.update(item.split("=", 1) for item in args.conf)
     wide_listeners = args.listeners if args.wide is None else args.wide
     jdbc = "jdbc:" + re.sub(r"^postgresql://(?:[^@/]*@)?", "postgresql://", args.postgres)
     print(common.environment(["pyspark", "pyarrow", "redis"]), flush=True)
@@ -281,7 +399,23 @@ def main() -> None:
     print(
         "\n"
         + common.table(
-            ["run", "wall s", "write s", "listeners/s", "of ceiling", "HSET+HDEL", "MB to Redis"],
+            [
+                "run",
+                "wall s",
+                "write s",
+                "listeners/s",
+                "of ceiling",
+                "HSET+HDEL",
+                "MB to Redis",
+                "CPU s: JVM",
+                "Python",
+                "Redis",
+                "other",
+                "write CPU s: JVM",
+                "Python",
+                "Redis",
+                "load",
+            ],
             [
                 [
                     name,
@@ -291,6 +425,14 @@ def main() -> None:
                     f"{r['rate'] / ceiling:.2f}",
                     f"{r['hset'] + r['hdel']:,}",
                     f"{r['bytes'] / 1e6:.1f}",
+                    f"{r['cpu'].get('jvm', 0):.1f}",
+                    f"{r['cpu'].get('driver', 0) + r['cpu'].get('python', 0):.1f}",
+                    f"{r['cpu']['redis']:.1f}",
+                    f"{r['cpu']['other']:.1f}",
+                    f"{r['write_cpu'].get('jvm', 0):.1f}",
+                    f"{r['write_cpu'].get('driver', 0) + r['write_cpu'].get('python', 0):.1f}",
+                    f"{r['write_cpu'].get('redis', 0):.1f}",
+                    r["load"].split()[0],
                 ]
                 for name, r in results
             ],
@@ -321,9 +463,13 @@ def main() -> None:
 
 
 def _report(name: str, result: dict[str, Any]) -> None:
+    cpu = ", ".join(f"{kind} {seconds:.1f}" for kind, seconds in sorted(result["cpu"].items()))
+    cpu += "; in the write phase: " + ", ".join(
+        f"{kind} {seconds:.1f}" for kind, seconds in sorted(result["write_cpu"].items())
+    )
     print(
         f"\n{name}: {result['wall']:.1f} s wall, write phase {result['write_seconds']:.1f} s"
-        f" ({result['rate']:,} listeners/s)",
+        f" ({result['rate']:,} listeners/s); load {result['load']}; CPU s: {cpu}",
         flush=True,
     )
     for line in result["phases"]:

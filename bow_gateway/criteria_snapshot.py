@@ -5,10 +5,12 @@ A *snapshot* holds every listener's criteria in bucket hashes::
     {ns}:criteria:{snapshot}:{bucket}   HASH  field = the listener id as compact JSON (1 and "1"
                                               differ), value = its criteria (without __id) as a
                                               JSON array of values in the order of the live
-                                              pointer's "keys", null where a key is absent
+                                              pointer's "columns", null where a key is absent
                                               (trailing nulls left out): the keys, the same in
-                                              every listener, are stored once
-    {{ns}:criteria}:live                STRING {"snapshot": ..., "buckets": n, "keys": [...],
+                                              every listener, are stored once; in a column with
+                                              codes, a string may be stored as its number there
+    {{ns}:criteria}:live                STRING {"snapshot": ..., "buckets": n, "layout": 2,
+                                              "columns": [...], "codes": [[...] or null, ...],
                                               "state": ...}; no "state" while an incremental
                                               run writes into the live snapshot
     {ns}:criteria:changes               channel: {"snapshot": ...} or {"ids": [...]}
@@ -24,6 +26,13 @@ command touches two slots; the job's writers send each bucket to the node that h
 
 The field is JSON as Spark's ``to_json`` writes it: non-ASCII characters as they are, control
 characters as ``\\u00XX`` with upper-case hex (:func:`id_field`).
+
+Layouts of the values, named by the pointer: without "layout" and "keys", JSON objects (0);
+"keys" without "layout", arrays by position (1); "layout": 2, arrays by position whose string
+columns may hold codes: ``["pro",["author"]]`` is ``[1,[0]]`` with ``"codes":
+[["free","pro"],["author"]]`` (a string that has no code stays a string). A gateway too old to
+know "columns" reads a layout-2 value as an object and refuses it; a newer layout than this
+reader knows is refused when the pointer is read.
 """
 
 from __future__ import annotations
@@ -113,6 +122,13 @@ class Layout:
         return self.bucket_key(snapshot, bucket_of(field, buckets)), field
 
 
+CODED_LAYOUT: Final = 2
+"""The pointer's "layout" when string columns may hold codes (see above)."""
+
+Codes = tuple[tuple[str, ...] | None, ...]
+"""Per column (in the order of the keys), its strings by code, or ``None``: a column without."""
+
+
 @dataclass(frozen=True)
 class Live:
     """What the live pointer says: the snapshot to read, its bucket count, the job's state."""
@@ -122,10 +138,17 @@ class Live:
     state: str | None = None
     keys: tuple[str, ...] | None = None
     """The criteria keys of the values' positions; ``None``: each value is a JSON object."""
+    codes: Codes | None = None
+    """Per key, the strings its codes stand for (layout 2, with ``keys``); ``None``: no codes."""
 
     def to_json(self) -> str:
         document: dict[str, Any] = {"snapshot": self.snapshot, "buckets": self.buckets}
-        if self.keys is not None:
+        if self.codes is not None:
+            assert self.keys is not None and len(self.codes) == len(self.keys)
+            document["layout"] = CODED_LAYOUT
+            document["columns"] = list(self.keys)
+            document["codes"] = [None if table is None else list(table) for table in self.codes]
+        elif self.keys is not None:
             document["keys"] = list(self.keys)
         if self.state is not None:
             document["state"] = self.state
@@ -133,19 +156,29 @@ class Live:
 
     def criteria(self, raw: str | bytes) -> dict[str, Any]:
         """A listener's criteria from the value stored for it in this snapshot."""
-        return criteria_of(raw, self.keys)
+        return criteria_of(raw, self.keys, self.codes)
 
     @classmethod
     def from_json(cls, raw: str | bytes | None) -> Live | None:
-        """The pointer, or ``None`` when there is none; ``ValueError`` when it is malformed."""
+        """The pointer, or ``None`` when there is none; ``ValueError`` when it is malformed
+        or of a layout this reader does not know."""
         if raw is None:
             return None
         try:
             document = json.loads(raw)
             snapshot, buckets = document["snapshot"], document["buckets"]
-            state, keys = document.get("state"), document.get("keys")
+            state, layout = document.get("state"), document.get("layout")
+            if layout == CODED_LAYOUT:
+                keys, codes = document["columns"], document["codes"]
+            else:
+                keys, codes = document.get("keys"), None
         except (ValueError, TypeError, KeyError) as error:
             raise ValueError(f"malformed live criteria pointer {raw!r}: {error}") from None
+        if layout is not None and layout != CODED_LAYOUT:
+            raise ValueError(
+                f"the live criteria pointer has layout {layout!r}, which this gateway does not"
+                f" read (it reads 1 and {CODED_LAYOUT}): upgrade it"
+            )
         if not isinstance(snapshot, str) or not snapshot or ":" in snapshot:
             raise ValueError(f"malformed live criteria pointer {raw!r}: bad snapshot")
         if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 1:
@@ -156,11 +189,35 @@ class Live:
             isinstance(keys, list) and all(isinstance(key, str) and key for key in keys)
         ):
             raise ValueError(f"malformed live criteria pointer {raw!r}: bad keys")
-        return cls(snapshot, buckets, state, None if keys is None else tuple(keys))
+        if codes is not None and not _are_codes(codes, keys):
+            raise ValueError(f"malformed live criteria pointer {raw!r}: bad codes")
+        return cls(
+            snapshot,
+            buckets,
+            state,
+            None if keys is None else tuple(keys),
+            None if codes is None else tuple(None if t is None else tuple(t) for t in codes),
+        )
 
 
-def criteria_of(raw: str | bytes, keys: Sequence[str] | None) -> dict[str, Any]:
-    """Criteria from a stored value: an array of values in the order of ``keys``, or an object."""
+def _are_codes(codes: Any, keys: Any) -> bool:
+    return (
+        isinstance(codes, list)
+        and isinstance(keys, list)
+        and len(codes) == len(keys)
+        and all(
+            table is None
+            or (isinstance(table, list) and all(isinstance(s, str) and s for s in table))
+            for table in codes
+        )
+    )
+
+
+def criteria_of(
+    raw: str | bytes, keys: Sequence[str] | None, codes: Codes | None = None
+) -> dict[str, Any]:
+    """Criteria from a stored value: an array of values in the order of ``keys`` (their strings
+    possibly coded, see :class:`Live`), or an object."""
     value = json.loads(raw)
     if keys is None:
         if not isinstance(value, dict):
@@ -168,7 +225,28 @@ def criteria_of(raw: str | bytes, keys: Sequence[str] | None) -> dict[str, Any]:
         return value
     if not isinstance(value, list) or len(value) > len(keys):
         raise ValueError(f"stored criteria {raw!r} do not fit the keys {list(keys)}")
-    return {key: item for key, item in zip(keys, value, strict=False) if item is not None}
+    if codes is None:
+        return {key: item for key, item in zip(keys, value, strict=False) if item is not None}
+    found: dict[str, Any] = {}
+    try:
+        for key, item, table in zip(keys, value, codes, strict=False):
+            if item is None:
+                continue
+            if table is not None:
+                if type(item) is int:
+                    item = table[_index(item)]
+                elif isinstance(item, list):
+                    item = [table[_index(x)] if type(x) is int else x for x in item]
+            found[key] = item
+    except IndexError:
+        raise ValueError(f"stored criteria {raw!r} hold a code the pointer has not") from None
+    return found
+
+
+def _index(code: int) -> int:
+    if code < 0:
+        raise IndexError(code)
+    return code
 
 
 def snapshot_message(snapshot: str) -> str:

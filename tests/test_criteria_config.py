@@ -194,15 +194,20 @@ def test_local_spark_defaults_merge_the_file_s_java_options(tmp_path: Path) -> N
     from bow_gateway.job.spark import local_defaults
 
     config = parse_job_config(document(spark={"conf": {"spark.sql.shuffle.partitions": "3"}}))
-    assert local_defaults(2, config) == {
+    assert local_defaults(2, config, warm=False) == {
         "spark.sql.shuffle.partitions": "4",  # the file's 3 goes on top in build_session
-        "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
+        "spark.driver.extraJavaOptions": "-XX:+UseParallelGC -XX:TieredStopAtLevel=1",
     }
+    # on more cores, C2 compiles on cores the tasks leave free
+    assert local_defaults(8, config)["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
     archive = str(tmp_path / "spark.jsa")
-    java = {"spark.driver.extraJavaOptions": "-XX:+UseG1GC -Xss4m"}
+    java = {"spark.driver.extraJavaOptions": "-XX:+UseG1GC -Xss4m -XX:-TieredCompilation"}
     config = parse_job_config(document(spark={"conf": java, "class_archive": archive}))
     options = local_defaults(2, config)["spark.driver.extraJavaOptions"]
-    assert options == f"-XX:+UseG1GC -Xss4m -XX:ArchiveClassesAtExit={archive} -Xlog:cds*=off"
+    assert options == (
+        f"-XX:+UseG1GC -Xss4m -XX:-TieredCompilation -XX:ArchiveClassesAtExit={archive}"
+        " -Xlog:cds*=off"
+    )
     Path(archive).write_bytes(b"")
     assert (
         f"-XX:SharedArchiveFile={archive}"

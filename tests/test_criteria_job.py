@@ -311,6 +311,19 @@ def test_an_incremental_run_after_the_columns_changed_is_a_full_run(
         id_field("a"): {"n": 1},
         id_field("b"): {"big": True, "n": 2},
     }
+    # the same key, once strings with codes, now numbers: they would read as codes
+    kinds = "FROM VALUES ('a', 'x'), ('b', 'x') AS t(id, k)"
+    document = job_config(server.url, f"SELECT id, k {kinds}", namespace=namespace, state_dir=state)
+    run(document, spark)
+    live = Live.from_json(client.get(Layout(namespace).live_key))
+    assert live is not None and live.codes == (("x",),)
+    summary = run(
+        job_config(server.url, f"SELECT id, 0 AS k {kinds}", namespace=namespace, state_dir=state),
+        spark,
+        incremental=True,
+    )
+    assert summary.mode == "full"
+    assert contents(client, namespace) == {id_field("a"): {"k": 0}, id_field("b"): {"k": 0}}
 
 
 def test_ids_and_values_reach_redis_as_the_gateway_encodes_them(
@@ -329,9 +342,12 @@ def test_ids_and_values_reach_redis_as_the_gateway_encodes_them(
     live = Live.from_json(client.get(layout.live_key))
     assert live is not None
     assert live.keys == ("rank", "even", "quarter", "price", "tags", "maybe", "empty")
+    # the strings that many listeners hold have codes, most frequent first (ties by the string)
+    assert live.codes == (None, None, None, None, ("a", "b"), ("x",), None)
     stored = client.hget(layout.bucket_key(live.snapshot, 0), id_field("1"))
-    # the keys once in the pointer, the values by position, trailing NULLs left out
-    assert stored == b'[1,false,0.25,1.00,["a","b"],"x"]'
+    # the keys once in the pointer, the values by position, strings as their codes, trailing
+    # NULLs left out
+    assert stored == b"[1,false,0.25,1.00,[0,1],0]"
     found = contents(client, namespace)
     assert found == {
         id_field(i): {

@@ -102,7 +102,7 @@ def snapshot(client: redis.Redis, namespace: str) -> dict[str, Any]:
 
     return {
         "keys": sorted(same(key) for key in client.scan_iter("*")),
-        "live": (live.buckets, live.keys, live.state is not None),
+        "live": (live.buckets, live.keys, live.codes, live.state is not None),
         "buckets": {
             bucket: client.hgetall(layout.bucket_key(live.snapshot, bucket))
             for bucket in range(live.buckets)

@@ -31,11 +31,11 @@ def resp(*parts: str) -> bytes:
 
 
 def test_a_writer_writes_its_rows_and_never_imports_pandas(tmp_path: Path) -> None:
-    rows = [  # bucket, entry, op (0: HSET field value, 1: HDEL field), notify
-        (1, resp('"a"', '["x"]'), 0, '"a"'),
-        (0, resp('"b"', "[1]"), 0, '"b"'),
-        (1, resp('"c"', "[true]"), 0, '"c"'),
-        (0, resp('"gone"'), 1, '"gone"'),
+    rows = [  # bucket, entry, op (0: HSET field value, 1: HDEL field), notify, value's bytes
+        (1, resp('"a"', '["x"]'), 0, '"a"', 5),
+        (0, resp('"b"', "[1]"), 0, '"b"', 3),
+        (1, resp('"c"', "[true]"), 0, '"c"', 6),
+        (0, resp('"gone"'), 1, '"gone"', 0),
     ]
     columns = list(zip(*rows, strict=True))
     batch = pyarrow.RecordBatch.from_arrays(
@@ -44,8 +44,9 @@ def test_a_writer_writes_its_rows_and_never_imports_pandas(tmp_path: Path) -> No
             pyarrow.array(columns[1], pyarrow.binary()),
             pyarrow.array(columns[2], pyarrow.int8()),
             pyarrow.array(columns[3], pyarrow.string()),
+            pyarrow.array(columns[4], pyarrow.int32()),
         ],
-        names=["bucket", "entry", "op", "notify"],
+        names=["bucket", "entry", "op", "notify", "size"],
     )
     path = tmp_path / "batches.arrow"
     with pyarrow.ipc.new_file(str(path), batch.schema) as file:
@@ -68,6 +69,6 @@ def test_a_writer_writes_its_rows_and_never_imports_pandas(tmp_path: Path) -> No
         listening.close()
         client.close()
     report = json.loads(done.stdout)
-    assert report["stats"] == [{"commands": 3, "listeners": 3, "removed": 1}]
+    assert report["stats"] == [{"commands": 3, "listeners": 3, "removed": 1, "longest": 6}]
     assert report["pandas"] is False
     assert heard is not None and json.loads(heard["data"]) == {"ids": ["a", "b", "c", "gone"]}

@@ -83,7 +83,7 @@ def test_the_graph_sees_relative_absolute_and_lazy_imports() -> None:
     assert "bow_gateway.backplanes.base" in edges["bow_gateway.backplanes.redis"]  # relative
     assert "bow_gateway.backplanes.redis" in edges["bow_gateway.backplanes"]  # lazy, in a function
     assert "bow_gateway.criteria_snapshot" in edges["bow_gateway.middlewares.precomputed"]
-    assert "bow_gateway.job.writer" in edges["bow_gateway.job.run"]  # from . import writer
+    assert "bow_gateway.job.writer" in edges["bow_gateway.job.writing"]  # from . import writer
 
 
 def test_a_cycle_is_found_and_named() -> None:

@@ -121,6 +121,59 @@ def test_stored_values_are_read_by_position_or_as_objects() -> None:
             keyed.criteria(bad)
 
 
+def test_coded_strings_are_read_through_the_pointers_codes() -> None:
+    codes = (("free", "pro"), None, ("subscriber", "author"))
+    coded = Live("s", 1, "/state/x", ("plan", "blogId", "role"), codes)
+    raw = coded.to_json()
+    assert json.loads(raw) == {
+        "snapshot": "s",
+        "buckets": 1,
+        "layout": 2,
+        "columns": ["plan", "blogId", "role"],
+        "codes": [["free", "pro"], None, ["subscriber", "author"]],
+        "state": "/state/x",
+    }
+    assert "keys" not in json.loads(raw)  # a reader of layout 1 would take codes for values
+    assert Live.from_json(raw) == coded
+    assert coded.criteria(b"[1,[42,418],[1,0]]") == {
+        "plan": "pro",
+        "blogId": [42, 418],  # numbers in a column without codes stay numbers
+        "role": ["author", "subscriber"],
+    }
+    # a string without a code is stored as it is; missing and trailing values as before
+    assert coded.criteria(b'["team",null,[0,"admin"]]') == {
+        "plan": "team",
+        "role": ["subscriber", "admin"],
+    }
+    assert coded.criteria(b"[0]") == {"plan": "free"}
+    for bad in (b"[2]", b"[-1]", b"[0,null,[0,5]]"):
+        with pytest.raises(ValueError, match="a code the pointer has not"):
+            coded.criteria(bad)
+    with pytest.raises(ValueError, match="do not fit"):
+        coded.criteria(b'{"plan":"pro"}')
+
+
+def test_a_pointer_of_an_unknown_layout_or_with_bad_codes_is_refused() -> None:
+    with pytest.raises(ValueError, match="layout 3, which this gateway does not read"):
+        Live.from_json('{"snapshot": "s", "buckets": 1, "layout": 3, "columns": ["a"]}')
+    for codes in ('[["a"], null]', '[[""]]', "[[1]]", '{"a": ["x"]}'):
+        pointer = f'{{"snapshot":"s","buckets":1,"layout":2,"columns":["a"],"codes":{codes}}}'
+        with pytest.raises(ValueError, match="bad codes"):
+            Live.from_json(pointer)
+    with pytest.raises(ValueError, match="malformed"):
+        Live.from_json('{"snapshot": "s", "buckets": 1, "layout": 2, "keys": ["a"]}')
+
+
+async def test_a_coded_snapshot_is_read_by_the_middleware(
+    client: redis.Redis, middleware: PrecomputedCriteria
+) -> None:
+    live = Live("s2", 1, None, ("plan", "role"), (("free", "pro"), ("admin",)))
+    client.hset(LAYOUT.bucket_key("s2", 0), mapping={"7": '[1,[0,"x"]]', '"u"': '["team"]'})
+    client.set(LAYOUT.live_key, live.to_json())
+    assert await middleware({"id": 7}) == {"plan": "pro", "role": ["admin", "x"]}
+    assert await middleware({"id": "u"}) == {"plan": "team"}
+
+
 async def test_criteria_come_from_the_live_snapshot(
     client: redis.Redis, middleware: PrecomputedCriteria
 ) -> None:

@@ -1,10 +1,12 @@
 """From the criteria query's rows to Redis commands, all in Spark SQL (nothing per row in Python).
 
-:func:`shape` checks the query's column types against the gateway's rules before anything runs,
-and turns each row into ``field`` (the listener id as JSON), ``value`` (its criteria as compact
-JSON: NULLs dropped, lists de-duplicated and sorted so that equal criteria are equal bytes) and
-``problem`` (why the row breaks the gateway's rules, or NULL). :func:`bucket_commands` and
-:func:`change_commands` build the RESP bytes of ``HSET``/``HDEL`` commands with ``concat``.
+:func:`prepare` checks the query's column types against the gateway's rules before anything
+runs, and turns each row into ``field`` (the listener id as JSON), ``problem`` (why the row breaks
+the gateway's rules, or NULL) and its criteria cleaned (lists de-duplicated and sorted so that
+equal criteria are equal bytes); :func:`code_tables` chooses the codes of frequent strings;
+:func:`shape` makes ``value`` (the criteria as a compact JSON array, by position, strings coded);
+:func:`entries` and :func:`changes` build the RESP bytes of ``HSET``/``HDEL`` arguments with
+``concat``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pyspark.sql.types import (
 )
 
 from ..criteria import ID_KEY
+from ..criteria_snapshot import Codes
 
 ID_COLUMN: Final = "id"
 _INTEGRAL: Final = (ByteType, ShortType, IntegerType, LongType)
@@ -99,12 +102,15 @@ def criteria_keys(frame: DataFrame) -> tuple[str, ...]:
     return tuple(name for name, _ in check_schema(frame))
 
 
-def shape(frame: DataFrame) -> DataFrame:
-    """``field``, ``value`` and ``problem`` for each row of the criteria query's result.
+def _criterion(index: int) -> str:
+    return f"bow_c{index}"
 
-    ``value`` is the JSON array of the row's criteria values in the order of
-    :func:`criteria_keys` (``null`` for a NULL, trailing ``null``s left out).
-    """
+
+def prepare(frame: DataFrame) -> DataFrame:
+    """``field`` (the listener id as JSON), ``problem`` (why the row breaks the gateway's rules,
+    or NULL) and each criterion by position: a column of strings cleaned (lists without NULLs
+    and duplicates, sorted, NULL when empty), what :func:`code_tables` counts and :func:`shape`
+    encodes; any other column already as its JSON (``null`` for a NULL)."""
     columns = check_schema(frame)
     raw_id = _col(ID_COLUMN)
     id_type = frame.schema[ID_COLUMN].dataType
@@ -117,8 +123,8 @@ def shape(frame: DataFrame) -> DataFrame:
         field = F.col("bow_id_json")
         id_problem = F.when(raw_id.isNull(), "id is NULL")
     problems: list[Column] = [id_problem]
-    values: list[Column] = []  # each value's JSON, "null" for a NULL
-    for name, kind in columns:
+    cleaned: list[Column] = []
+    for index, (name, kind) in enumerate(columns):
         value = _col(name)
         if isinstance(kind, ArrayType):
             item = kind.elementType
@@ -126,24 +132,170 @@ def shape(frame: DataFrame) -> DataFrame:
             if is_bad is not None:
                 bad = F.exists(value, is_bad)
                 problems.append(F.when(bad, f"column {name!r} holds {_what(item)}"))
-            cleaned = F.array_sort(F.array_distinct(F.filter(value, lambda x: x.isNotNull())))
-            value = F.when(F.size(cleaned) > 0, cleaned)  # an empty list matches nothing
-            values.append(F.coalesce(F.to_json(value), F.lit("null")))
+            tidy = F.array_sort(F.array_distinct(F.filter(value, lambda x: x.isNotNull())))
+            value = F.when(F.size(tidy) > 0, tidy)  # an empty list matches nothing
+            if not codable(kind):
+                value = F.coalesce(F.to_json(value), F.lit("null"))
         else:
             is_bad = _is_bad(kind)
             if is_bad is not None:
                 problems.append(F.when(is_bad(value), f"column {name!r} is {_what(kind)}"))
-            in_array = F.to_json(F.array(value))  # "[v]", "[null]": Spark's JSON of a scalar
-            values.append(F.substr(in_array, F.lit(2), F.length(in_array) - 2))
-    # Only a JSON null can end in "null]": strings end in '"', numbers in digits.
-    criteria = F.regexp_replace(
-        F.concat(F.lit("["), F.concat_ws(",", *values), F.lit("]")), r"(,?null)+\]$", "]"
-    )
+            if not codable(kind):
+                value = _scalar_json(value)
+        cleaned.append(value.alias(_criterion(index)))
+    names = [_criterion(index) for index in range(len(columns))]
     return frame.select(
         id_json.alias("bow_id_json"),
-        criteria.alias("value"),
         (F.coalesce(*problems) if len(problems) > 1 else problems[0]).alias("problem"),
-    ).select(field.alias("field"), "value", "problem")
+        *cleaned,
+    ).select(field.alias("field"), "problem", *names)
+
+
+def codable(kind: DataType) -> bool:
+    """Whether a column's strings may be stored as codes: strings, lists of strings."""
+    item = kind.elementType if isinstance(kind, ArrayType) else kind
+    return isinstance(item, StringType)
+
+
+CODE_SAMPLE: Final = 100_000
+"""About this many listeners (chosen by a hash of their id) are counted to choose the codes."""
+MAX_CODES: Final = 100
+"""Codes per column at most (0 to 99: one or two bytes for a string of at least three)."""
+CODE_SHARE: Final = 1000
+"""A string gets a code when at least one listener in this many holds it (and two do)."""
+
+
+def code_tables(prepared: DataFrame, kinds: list[DataType], listeners: int) -> Codes | None:
+    """The codes of each string column: its most frequent strings, the most frequent first, in
+    a sample of the listeners chosen by a hash of their id (so the same data gives the same
+    codes however it is partitioned); ``None`` when no column has any."""
+    positions = [index for index, kind in enumerate(kinds) if codable(kind)]
+    if not positions:
+        return None
+    sample = prepared
+    if listeners > CODE_SAMPLE:
+        sample = sample.where(F.pmod(F.xxhash64("field"), F.lit(listeners)) < F.lit(CODE_SAMPLE))
+    pairs: list[Column] = []
+    for index in positions:
+        value = F.col(_criterion(index))
+        if isinstance(kinds[index], ArrayType):
+            listed = F.coalesce(value, F.array().cast("array<string>"))
+            pairs.append(F.transform(listed, _tagged(index)))
+        else:
+            pairs.append(F.array(F.struct(F.lit(index), value)))
+    named = "struct<c:int,v:string>"
+    exploded = sample.select(
+        F.explode(F.concat(*(pair.cast(f"array<{named}>") for pair in pairs))).alias("p")
+    ).select("p.c", "p.v")
+    least = max(2, min(listeners, CODE_SAMPLE) // CODE_SHARE)
+    rows = (
+        exploded.where(F.col("v").isNotNull())
+        .groupBy("c", "v")
+        .count()
+        .where(F.col("count") >= least)
+        .collect()
+    )
+    found: dict[int, list[tuple[int, str]]] = {}
+    for row in rows:
+        found.setdefault(int(row["c"]), []).append((-int(row["count"]), str(row["v"])))
+    tables: list[tuple[str, ...] | None] = [None] * len(kinds)
+    for index, counted in found.items():
+        tables[index] = tuple(text for _, text in sorted(counted)[:MAX_CODES])
+    return tuple(tables) if any(tables) else None
+
+
+def _tagged(index: int) -> Callable[[Column], Column]:
+    """For ``transform``: an item as the (column, string) pair that :func:`code_tables` counts
+    (a named function: ``transform`` tells its one- and two-argument forms apart)."""
+    return lambda item: F.struct(F.lit(index), item)
+
+
+def _encoder(table: tuple[str, ...]) -> Callable[[Column], Column]:
+    """For ``transform``: a list's string as its code, or as JSON."""
+    return lambda item: _coded(item, table, _scalar_json(item))
+
+
+def _coded(text: Column, table: tuple[str, ...] | None, json: Column) -> Column:
+    """A string's code in ``table`` if it has one, else its JSON (``json``)."""
+    if not table:
+        return json
+    position = F.array_position(F.array(*(F.lit(s) for s in table)), text)
+    return F.when(position > 0, (position - 1).cast("string")).otherwise(json)
+
+
+def _scalar_json(text: Column) -> Column:
+    in_array = F.to_json(F.array(text))  # "[v]", "[null]": Spark's JSON of a scalar
+    return F.substr(in_array, F.lit(2), F.length(in_array) - 2)
+
+
+def shape(
+    prepared: DataFrame, kinds: list[DataType], codes: Codes | None = None, *, digest: bool = False
+) -> DataFrame:
+    """``field`` and ``value`` (and with ``digest``, :func:`digest_of`) for each row of
+    :func:`prepare`'s result.
+
+    ``value`` is the JSON array of the row's criteria values in the order of
+    :func:`criteria_keys` (``null`` for a NULL, trailing ``null``s left out), the strings of a
+    column with ``codes`` as their code where they have one.
+    """
+    values: list[Column] = []  # each value's JSON, "null" for a NULL
+    present: list[Column] = []  # its position if it is not NULL
+    for index, kind in enumerate(kinds):
+        value = F.col(_criterion(index))
+        table = codes[index] if codes is not None else None
+        there = value.isNotNull() if codable(kind) else value != F.lit("null")
+        present.append(F.when(there, index + 1))
+        if not codable(kind):
+            values.append(value)  # its JSON already
+        elif isinstance(kind, ArrayType):
+            if table:
+                items = F.transform(value, _encoder(table))
+                listed = F.concat(F.lit("["), F.array_join(items, ","), F.lit("]"))
+            else:
+                listed = F.to_json(value)
+            values.append(F.coalesce(listed, F.lit("null")))
+        else:
+            values.append(_coded(value, table, _scalar_json(value)))
+    # Trailing NULLs left out: the values up to the last one present (no regular expression,
+    # which cost ~1 µs a value).
+    if not values:
+        criteria = F.lit("[]")
+    else:
+        last = F.greatest(*present) if len(present) > 1 else present[0]
+        listed = F.slice(F.array(*values), 1, F.coalesce(last, F.lit(0)))
+        criteria = F.concat(F.lit("["), F.array_join(listed, ","), F.lit("]"))
+    extra = [digest_of(kinds).alias("digest")] if digest else []
+    return prepared.select("field", criteria.alias("value"), *extra)
+
+
+def digest_of(kinds: list[DataType]) -> Column:
+    """A hash of a row of :func:`prepare`'s criteria, for incremental runs to find the listeners
+    whose criteria changed (without making their values: within one snapshot, the same criteria
+    make the same value, as an incremental run writes with the live snapshot's codes)."""
+    parts: list[Column] = []
+    for index in range(len(kinds)):
+        value = F.col(_criterion(index))
+        parts += [value.isNull(), value]  # xxhash64 skips NULLs: (NULL, "a") is not ("a", NULL)
+    return F.xxhash64(*parts) if parts else F.xxhash64(F.lit(0))
+
+
+def value_bound(kinds: list[DataType]) -> Column:
+    """At least the bytes of a row's value, however its strings are coded: a string's JSON takes
+    at most six bytes per byte (``\\u00XX``) and its quotes."""
+    parts: list[Column] = [F.lit(2 + max(0, len(kinds) - 1))]  # brackets, commas
+    for index, kind in enumerate(kinds):
+        value = F.col(_criterion(index))
+        if not codable(kind):
+            parts.append(F.octet_length(value))
+        elif isinstance(kind, ArrayType):
+            total = F.aggregate(value, F.lit(0), lambda acc, x: acc + 6 * F.octet_length(x) + 3)
+            parts.append(F.coalesce(total + 2, F.lit(4)))
+        else:
+            parts.append(F.coalesce(6 * F.octet_length(value) + 2, F.lit(4)))
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
 
 
 def _bulk(text: Column) -> Column:
@@ -159,7 +311,8 @@ def bucket_of(field: Column, buckets: int) -> Column:
 
 
 def entries(shaped: DataFrame, buckets: int) -> DataFrame:
-    """Each listener's ``HSET`` arguments (``$field $value`` in RESP) and its bucket.
+    """Each listener's ``HSET`` arguments (``$field $value`` in RESP), its bucket, and the bytes
+    of its value (``size``: the writers report the longest).
 
     No shuffle: each executor groups the rows of its partitions by bucket itself
     (:mod:`bow_gateway.job.writer`), several ``HSET`` per bucket at most.
@@ -169,6 +322,7 @@ def entries(shaped: DataFrame, buckets: int) -> DataFrame:
         F.concat(_bulk(F.col("field")), _bulk(F.col("value"))).cast("binary").alias("entry"),
         F.lit(0).cast("byte").alias("op"),
         F.lit(None).cast("string").alias("notify"),
+        F.octet_length("value").alias("size"),
     )
 
 
@@ -187,4 +341,5 @@ def changes(diff: DataFrame, buckets: int) -> DataFrame:
         entry.cast("binary").alias("entry"),
         F.when(removed, 1).otherwise(0).cast("byte").alias("op"),
         F.col("field").alias("notify"),
+        F.coalesce(F.octet_length("value"), F.lit(0)).alias("size"),
     )

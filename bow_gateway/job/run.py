@@ -13,34 +13,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import partial
-from typing import TYPE_CHECKING, Final
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from ..criteria_snapshot import Layout, Live, bucket_count
+from ..criteria_snapshot import Codes, Layout, Live, bucket_count
 from ..redis_client import describe, sync_redis_client
+from .checks import (
+    ENTRY_FRAMING,
+    check,
+    duplicates,
+    same_columns,
+    size_batches,
+)
+from .checks import CriteriaJobError as CriteriaJobError
 from .config import JobConfig
 from .spark import exists, short, spark_failure, sweep_states
+from .writing import CLIENT_DEFAULTS, abandon, save_state, warn_listpack, write_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from ..redis_client import SyncClient
     from .store import SnapshotStore
-
-ARROW_BATCH: Final = 65_536
-"""Rows per Arrow batch to the writers (the default, 10,000, costs more round trips)."""
-BATCH_BYTES: Final = "spark.sql.execution.arrow.maxBytesPerBatch"
-BATCH_BYTES_DEFAULT: Final = 64 << 20
-"""Spark's own limit of an Arrow batch in bytes (its default, 64 MiB)."""
-NO_BATCH_BYTES: Final = str(2**31 - 1)
-"""Spark's "no limit" (Int.MaxValue): it then skips measuring the batch after every row."""
-CLIENT_DEFAULTS: Final = {"socket_timeout": 60, "socket_connect_timeout": 10}
-"""redis-py settings of the job's clients (the driver's and the writers'), unless the file's."""
-
-
-class CriteriaJobError(RuntimeError):
-    """The job failed; the message says why (the live snapshot is untouched unless it says so)."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +135,7 @@ def _locked_run(
     from pyspark import StorageLevel
     from pyspark.errors import PySparkException
 
-    from .frame import criteria_keys, shape
+    from .frame import check_schema, code_tables, digest_of, prepare, shape, value_bound
 
     removed = store.clean_up()
     if removed:
@@ -156,100 +149,42 @@ def _locked_run(
         frame = spark.sql(config.query)
     except PySparkException as error:
         raise CriteriaJobError(f"the criteria query is invalid: {short(error)}") from None
-    keys = criteria_keys(frame)
-    shaped = shape(frame).persist(StorageLevel.MEMORY_AND_DISK)
+    columns = check_schema(frame)
+    keys = tuple(name for name, _ in columns)
+    kinds = [kind for _, kind in columns]
+    prepared = prepare(frame).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        read, entry_bytes = _check(
-            shaped, store.client, config, distinct=incremental, progress=progress
+        read, longest_field, bound = check(
+            prepared, value_bound(kinds), distinct=incremental, progress=progress
         )
         if incremental and (live is None or live.state is None or not exists(spark, live.state)):
             progress("no state of a previous run to compare with: a full run instead")
             incremental = False
-        elif incremental and live is not None and live.keys != keys:
+        elif incremental and live is not None and not same_columns(live, keys, kinds):
             progress("the query's criteria columns changed since the live snapshot: a full run")
             incremental = False
+        if incremental:
+            assert live is not None
+            codes = live.codes  # the live snapshot's: a string without a code stays a string
+        else:
+            codes = code_tables(prepared, kinds, read)
+            if codes is not None:
+                coded = [f"{k} {len(t)}" for k, t in zip(keys, codes, strict=True) if t]
+                progress(f"codes for the frequent strings of {', '.join(coded)}")
+        # the values are made as the writers take them (from the cached criteria)
+        shaped = shape(prepared, kinds, codes, digest=incremental)
         # an incremental run also writes ids removed since, which the checks did not measure
-        _size_batches(spark, config, None if incremental else entry_bytes)
+        entry_bytes = bound + 2 * longest_field + ENTRY_FRAMING
+        size_batches(spark, config, None if incremental else entry_bytes)
         if incremental:
             assert live is not None and live.state is not None
             return _incremental(config, spark, store, shaped, live, read, progress, started)
-        return _full(config, spark, store, shaped, live, keys, read, progress, started)
+        digests = prepared.select("field", digest_of(kinds).alias("digest"))
+        return _full(
+            config, spark, store, shaped, digests, live, keys, codes, read, progress, started
+        )
     finally:
-        shaped.unpersist()
-
-
-def _check(
-    shaped: DataFrame,
-    client: SyncClient,
-    config: JobConfig,
-    *,
-    distinct: bool,
-    progress: Callable[[str], None],
-) -> tuple[int, int]:
-    """Run the query once (cached), count it and refuse rows that break the gateway's rules;
-    the listeners read and a bound on the bytes of one's entry to the writers."""
-    from pyspark.sql import functions as F
-
-    from .store import listpack_warnings
-
-    aggregates = [
-        F.count(F.lit(1)).alias("read"),
-        F.count(F.col("problem")).alias("bad"),
-        F.first(
-            F.concat(
-                F.col("problem"),
-                F.lit(" (listener "),
-                F.coalesce(F.col("field"), F.lit("NULL")),
-                F.lit(")"),
-            ),
-            ignorenulls=True,
-        ).alias("example"),
-        F.max(F.octet_length("value")).alias("longest"),
-        F.max(F.octet_length("field")).alias("longest_field"),
-    ]
-    if distinct:
-        aggregates.append(F.count_distinct("field").alias("distinct"))
-    row = shaped.agg(*aggregates).collect()[0]
-    read = int(row["read"])
-    progress(f"criteria query: {read:,} listeners")
-    if row["bad"]:
-        raise CriteriaJobError(
-            f"{row['bad']:,} listener(s) break the gateway's rules for criteria, e.g. "
-            f"{row['example']}; nothing was written"
-        )
-    if distinct and row["distinct"] != read:
-        raise CriteriaJobError(
-            f"{read - row['distinct']:,} listener id(s) appear in more than one row of the"
-            f" criteria query, e.g. {', '.join(_duplicates(shaped))}: the query must return one"
-            " row per listener (GROUP BY id); nothing was written"
-        )
-    for warning in listpack_warnings(client, row["longest"] or 0, config.listeners_per_bucket):
-        progress(warning)
-    return read, (row["longest"] or 0) + 2 * (row["longest_field"] or 0) + ENTRY_FRAMING
-
-
-ENTRY_FRAMING: Final = 64
-"""More than the bytes of a writer's row beyond its field and value, and its field again in the
-``notify`` column (RESP headers, Arrow offsets and validity, the other columns)."""
-
-
-def _size_batches(spark: SparkSession, config: JobConfig, entry_bytes: int | None) -> None:
-    """Arrow batches of :data:`ARROW_BATCH` rows to the writers; Spark's check of their size in
-    bytes, which measures the whole batch after every row (a quarter of the JVM's time in the
-    write phase), is turned off when the largest possible batch is within its limit anyway
-    (``entry_bytes``: a bound on a row's bytes, ``None`` when unknown)."""
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(ARROW_BATCH))
-    if BATCH_BYTES in config.spark_conf:
-        spark.conf.set(BATCH_BYTES, config.spark_conf[BATCH_BYTES])
-    elif entry_bytes is not None and entry_bytes * ARROW_BATCH <= BATCH_BYTES_DEFAULT:
-        spark.conf.set(BATCH_BYTES, NO_BATCH_BYTES)
-    else:
-        spark.conf.unset(BATCH_BYTES)  # a session's earlier run may have turned it off
-
-
-def _duplicates(shaped: DataFrame) -> list[str]:
-    rows = shaped.groupBy("field").count().where("count > 1").limit(3).collect()
-    return [str(row["field"]) for row in rows]
+        prepared.unpersist()
 
 
 def _full(
@@ -257,36 +192,86 @@ def _full(
     spark: SparkSession,
     store: SnapshotStore,
     shaped: DataFrame,
+    digests: DataFrame,
     live: Live | None,
     keys: tuple[str, ...],
+    codes: Codes | None,
     read: int,
     progress: Callable[[str], None],
     started: float,
 ) -> Summary:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
     from .frame import entries
-    from .store import new_snapshot_id
 
     buckets = config.buckets or bucket_count(read, config.listeners_per_bucket)
+    # The commands are made (and cached) before the writers start: while Redis is written to,
+    # the JVM only hands them over.
+    rows = entries(shaped, buckets).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        longest = int(rows.agg(F.max("size")).collect()[0][0] or 0)
+        progress(f"commands made: values of up to {longest:,} bytes")
+        warn_listpack(store, {"longest": longest}, config, progress)
+        return _write_full(
+            config,
+            spark,
+            store,
+            rows,
+            shaped,
+            digests,
+            live,
+            keys,
+            codes,
+            buckets,
+            read,
+            progress,
+            started,
+        )
+    finally:
+        rows.unpersist()
+
+
+def _write_full(
+    config: JobConfig,
+    spark: SparkSession,
+    store: SnapshotStore,
+    rows: DataFrame,
+    shaped: DataFrame,
+    digests: DataFrame,
+    live: Live | None,
+    keys: tuple[str, ...],
+    codes: Codes | None,
+    buckets: int,
+    read: int,
+    progress: Callable[[str], None],
+    started: float,
+) -> Summary:
+    from .store import new_snapshot_id
+
     snapshot = new_snapshot_id()
     store.begin(snapshot, buckets)
     progress(f"writing snapshot {snapshot}: {read:,} listeners in {buckets:,} buckets")
     try:
-        rows = entries(shaped, buckets)
         write_started = time.monotonic()
-        stats = _write(spark, rows, config, store.layout.bucket_prefix(snapshot))
+        stats = write_rows(spark, rows, config, store.layout.bucket_prefix(snapshot))
         write_seconds = time.monotonic() - write_started
         held = store.count(snapshot, buckets)
         if held != read:
             raise CriteriaJobError(
                 f"{read - held:,} listener id(s) appear in more than one row of the criteria"
-                f" query, e.g. {', '.join(_duplicates(shaped))}: the query must return one row"
+                f" query, e.g. {', '.join(duplicates(shaped))}: the query must return one row"
                 " per listener (GROUP BY id)"
             )
         progress(f"wrote {stats['listeners']:,} listeners in {write_seconds:.1f} s")
-        state = _save_state(spark, shaped, config, snapshot) if config.state_dir else None
-        store.go_live(Live(snapshot, buckets, state, keys), live, config.grace_seconds)
+        state = save_state(spark, digests, config, snapshot) if config.state_dir else None
+        store.go_live(
+            Live(snapshot, buckets, state, keys, codes),
+            live,
+            config.grace_seconds,
+        )
     except BaseException:
-        _abandon(store, snapshot, buckets)
+        abandon(store, snapshot, buckets)
         raise
     if state is not None:
         assert config.state_dir is not None
@@ -306,18 +291,6 @@ def _full(
         time.monotonic() - started,
         write_seconds,
     )
-
-
-def _abandon(store: SnapshotStore, snapshot: str, buckets: int) -> None:
-    """Remove a snapshot that did not go live (if that fails too, the next run removes it)."""
-    import redis as redis_py
-
-    try:
-        live = store.live()
-        if live is None or live.snapshot != snapshot:
-            store.discard(snapshot, buckets)
-    except (redis_py.RedisError, ValueError):
-        pass
 
 
 def _incremental(
@@ -341,7 +314,7 @@ def _incremental(
             f"note: {read:,} listeners in {live.buckets:,} buckets: run a full run to"
             " re-balance them"
         )
-    new = shaped.select("field", "value", F.xxhash64("value").alias("digest"))
+    new = shaped
     old = spark.read.parquet(previous_state).select("field", F.col("digest").alias("previous"))
     diff = (
         new.join(old, "field", "full_outer")
@@ -350,10 +323,10 @@ def _incremental(
     )
     # From here the live snapshot no longer matches the saved state: a run that dies before
     # the end leaves the pointer without state, so that the next run is a full one.
-    store.update_live(Live(live.snapshot, live.buckets, None, live.keys))
+    store.update_live(replace(live, state=None))
     progress(f"writing the changes into the live snapshot {live.snapshot}")
     write_started = time.monotonic()
-    stats = _write(
+    stats = write_rows(
         spark,
         change_rows(diff, live.buckets),
         config,
@@ -362,8 +335,9 @@ def _incremental(
     )
     write_seconds = time.monotonic() - write_started
     progress(f"{stats['listeners']:,} changed, {stats['removed']:,} removed and notified")
-    state = _save_state(spark, new, config, live.snapshot)
-    store.update_live(Live(live.snapshot, live.buckets, state, live.keys))
+    warn_listpack(store, stats, config, progress)
+    state = save_state(spark, new, config, live.snapshot)
+    store.update_live(replace(live, state=state))
     assert config.state_dir is not None
     sweep_states(spark, config.state_dir, keep=state)
     return Summary(
@@ -376,52 +350,3 @@ def _incremental(
         time.monotonic() - started,
         write_seconds,
     )
-
-
-def _write(
-    spark: SparkSession,
-    rows: DataFrame,
-    config: JobConfig,
-    prefix: str,
-    channel: str | None = None,
-) -> dict[str, int]:
-    """Run the writers in the executors; the totals of their stats rows."""
-    from pyspark import cloudpickle
-    from pyspark.sql import functions as F
-
-    from .. import redis_client as redis_client_module
-    from . import writer as writer_module
-    from .writer import STATS, write_partition
-
-    # Shipped by value: the executors need redis-py and pyarrow, not the gateway.
-    for module in (writer_module, redis_client_module):
-        cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
-    writer = partial(
-        write_partition,
-        redis=config.redis,
-        client_defaults=CLIENT_DEFAULTS,
-        prefix=prefix,
-        channel=channel,
-        notify_chunk=config.notify_chunk,
-    )
-    schema = ", ".join(f"{name} long" for name in STATS)
-    totals = (
-        rows.mapInArrow(writer, schema)
-        .agg(*(F.sum(name).alias(name) for name in STATS))
-        .collect()[0]
-    )
-    return {name: int(totals[name] or 0) for name in STATS}
-
-
-def _save_state(spark: SparkSession, frame: DataFrame, config: JobConfig, snapshot: str) -> str:
-    """Each listener's digest, for the next incremental run: a new Parquet folder."""
-    from pyspark.sql import functions as F
-
-    from .store import new_snapshot_id
-
-    assert config.state_dir is not None
-    path = f"{config.state_dir.rstrip('/')}/{snapshot}-{new_snapshot_id()[-4:]}"
-    if "digest" not in frame.columns:
-        frame = frame.select("field", F.xxhash64("value").alias("digest"))
-    frame.select("field", "digest").write.mode("errorifexists").parquet(path)
-    return path

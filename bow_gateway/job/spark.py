@@ -7,6 +7,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from .config import JobConfig
@@ -42,7 +43,8 @@ def build_session(config: JobConfig, master: str | None = None) -> SparkSession:
     if python is not None:
         os.environ["PYSPARK_PYTHON"] = python  # what PySpark tells the executors to run
     if cores is not None:
-        conf.update(local_defaults(cores, config))  # the file's Java options are merged in
+        # the file's Java options are merged in
+        conf.update(local_defaults(cores, config, warm=python == sys.executable))
     elif config.class_archive is not None and "PYSPARK_GATEWAY_PORT" not in os.environ:
         conf[JAVA_OPTIONS] = driver_java_options(config, local=False)  # our driver JVM starts
     conf.update({k: v for k, v in config.spark_conf.items() if k not in conf or k != JAVA_OPTIONS})
@@ -66,23 +68,46 @@ def executor_python(
     return chosen or (sys.executable if local else None)
 
 
-def local_defaults(cores: int, config: JobConfig) -> dict[str, str]:
-    """Settings for Spark on one machine (the job file's own ``spark.conf`` comes on top)."""
-    return {
+DAEMON_MODULE: Final = "spark.python.daemon.module"
+WORKER_PATH: Final = "spark.executorEnv.PYTHONPATH"
+WARM_DAEMON: Final = "bow_spark_daemon"
+"""bow_gateway/seams/spark_daemon/: PySpark's daemon, importing what each worker needs once."""
+
+
+def local_defaults(cores: int, config: JobConfig, *, warm: bool = True) -> dict[str, str]:
+    """Settings for Spark on one machine (the job file's own ``spark.conf`` comes on top);
+    ``warm``: the executors run this Python, which has PySpark and redis-py (:data:`WARM_DAEMON`
+    then imports them once for all the Python workers)."""
+    defaults = {
         # Spark's 200 shuffle partitions cost seconds of task overhead on one machine.
         "spark.sql.shuffle.partitions": str(2 * cores),
-        JAVA_OPTIONS: driver_java_options(config, local=True),
+        JAVA_OPTIONS: driver_java_options(config, local=True, cores=cores),
     }
+    if warm and not {DAEMON_MODULE, WORKER_PATH} & set(config.spark_conf):
+        folder = Path(__file__).resolve().parent.parent / "seams" / "spark_daemon"
+        defaults[DAEMON_MODULE] = WARM_DAEMON
+        defaults[WORKER_PATH] = str(folder)
+    return defaults
 
 
-def driver_java_options(config: JobConfig, *, local: bool) -> str:
-    """The driver JVM's options: the file's, then (locally) ParallelGC, then the class archive."""
+FEW_CORES: Final = 4
+"""Up to this many local cores, the driver JVM compiles with C1 only (see below)."""
+
+
+def driver_java_options(config: JobConfig, *, local: bool, cores: int | None = None) -> str:
+    """The driver JVM's options: the file's, then (locally) ParallelGC and, on few cores, C1
+    only, then the class archive."""
     java = config.spark_conf.get(JAVA_OPTIONS, "")
     options = [java] if java else []
     if local and not re.search(r"-XX:\+Use\w+GC", java):
         # G1's concurrent threads compete with the tasks on a small machine: a cold run of a
         # million listeners takes ~15% longer with it (2 cores).
         options.append("-XX:+UseParallelGC")
+    if local and cores is not None and cores <= FEW_CORES and not re.search(r"Tiered", java):
+        # C2 compiling Spark's generated code took ~40% of the JVM's CPU (15-20 of 37-48 s for a
+        # million listeners, 10-11 of 18-21 s for 10,000, on 2 cores): with C1 only, the tasks
+        # run slower but the whole stays the same for a million and halves for 10,000.
+        options.append("-XX:TieredStopAtLevel=1")
     if config.class_archive is not None:
         options.append(class_archive(config.class_archive))
     return " ".join(options)
@@ -161,7 +186,7 @@ def exists(spark: SparkSession, path: str) -> bool:
 
 
 STATE_NAME: Final = re.compile(r"\d{8}T\d{6}Z[0-9a-f]{4}-[0-9a-f]{4}")
-"""The folders the job's ``_save_state`` makes (anything else in ``state_dir`` is left alone)."""
+"""The folders the job's ``save_state`` makes (anything else in ``state_dir`` is left alone)."""
 
 
 def sweep_states(spark: SparkSession, state_dir: str, keep: str) -> None:

@@ -22,8 +22,9 @@ from ..redis_client import RedisSettings, sync_redis_client
 if TYPE_CHECKING:
     import pyarrow
 
-STATS: Final = ("commands", "listeners", "removed")
-"""The columns of :func:`write_partition`'s output: one row per partition."""
+STATS: Final = ("commands", "listeners", "removed", "longest")
+"""The columns of :func:`write_partition`'s output, one row per partition: commands sent,
+listeners written and removed, the bytes of the longest value written (of the ``size`` column)."""
 
 HSET: Final = 0
 HDEL: Final = 1
@@ -46,7 +47,8 @@ def write_partition(
     notify_chunk: int = 1000,
     client_defaults: dict[str, Any] | None = None,
 ) -> Iterator[pyarrow.RecordBatch]:
-    """Write a partition's rows (``bucket``, ``entry``, ``op``, ``notify``); one stats row out.
+    """Write a partition's rows (``bucket``, ``entry``, ``op``, ``notify`` and optionally ``size``,
+    the bytes of the value); one stats row out.
 
     The key of bucket ``b`` is ``prefix + str(b)``; ``redis`` are the job's Redis settings (on a
     Redis Cluster, each bucket's commands go to the node that holds it). When ``channel`` is
@@ -54,6 +56,7 @@ def write_partition(
     writes are done, as ``{"ids": [...]}`` in chunks of ``notify_chunk`` ids. A Redis error
     raises, which fails the task (and the job, which then switches nothing).
     """
+    import numpy
     import pyarrow
     import pyarrow.compute
 
@@ -61,9 +64,11 @@ def write_partition(
     writer = _Writer(_Connections(client), prefix.encode())
     notify: list[str] = []
     held: list[pyarrow.RecordBatch] = []
-    held_rows = held_bytes = 0
+    held_rows = held_bytes = longest = 0
     try:
         for batch in batches:
+            if batch.num_rows and "size" in batch.schema.names:
+                longest = max(longest, int(_values(batch.column("size"), numpy.int32).max()))
             if channel is not None:
                 notify.extend(pyarrow.compute.drop_null(batch.column("notify")).to_pylist())
             held.append(batch)
@@ -83,7 +88,12 @@ def write_partition(
         writer.connections.release()
         client.close()
     yield pyarrow.RecordBatch.from_arrays(
-        [_one_int64(writer.commands), _one_int64(writer.listeners), _one_int64(writer.removed)],
+        [
+            _one_int64(writer.commands),
+            _one_int64(writer.listeners),
+            _one_int64(writer.removed),
+            _one_int64(longest),
+        ],
         schema=pyarrow.schema([(name, pyarrow.int64()) for name in STATS]),
     )
 

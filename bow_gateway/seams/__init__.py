@@ -1,5 +1,5 @@
-"""aiohttp, python-socketio, python-engineio and prometheus-client, reached into where they offer
-no public seam.
+"""aiohttp, python-socketio, python-engineio, prometheus-client (and PySpark), reached into where
+they offer no public seam.
 
 Everything the gateway does with their private methods and attributes lives in this package:
 
@@ -12,7 +12,10 @@ Everything the gateway does with their private methods and attributes lives in t
   ``_handle_eio_disconnect``, ``_handle_eio_message``, ``_send_packet``) and ``AsyncManager``
   (``basic_disconnect``, ``pending_connect``) subclassed;
 - :mod:`.prometheus`: a histogram's buckets added to once per event-loop step (checked when
-  built: prometheus-client's pins are a range, setup.cfg's).
+  built: prometheus-client's pins are a range, setup.cfg's);
+- ``spark_daemon/bow_spark_daemon.py``: PySpark's daemon (its private ``pyspark.daemon.manager``)
+  for the criteria job's local runs, with the workers' imports done once before it forks. Not a
+  module of this package: the job puts its folder on the Python workers' path.
 
 They are written for the minor versions in :data:`WRITTEN_FOR`, which setup.cfg pins too; the
 README's test command runs the suite at both ends of the pins. Importing this package checks the
