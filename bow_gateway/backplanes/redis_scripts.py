@@ -63,22 +63,20 @@ for _, k in ipairs(numbers) do
   if k > 0 then kept[k] = kept[k] + 1 end
 end
 local next_seq, ms = {}, {}
-for k = 1, histories do
+for k = 1, histories do  -- each history keeps at least one of the events
   local key = KEYS[3 + k]
   local topic = string.sub(key, prefix + 1)
   ms[k] = now
-  if kept[k] > 0 then
-    local last = redis.call('HINCRBY', KEYS[3], topic, kept[k])
-    if last == kept[k] then  -- a new topic, or its sequence lost (the hash deleted)
-      local newest = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
-      if newest then
-        last = tonumber(string.match(newest[1], '^(%d+)-')) + kept[k]
-        redis.call('HSET', KEYS[3], topic, last)
-        ms[k] = math.max(now, ms_of(newest[1]))
-      end
+  local last = redis.call('HINCRBY', KEYS[3], topic, kept[k])
+  if last == kept[k] then  -- a new topic, or its sequence lost (the hash deleted)
+    local newest = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)[1]
+    if newest then
+      last = tonumber(string.match(newest[1], '^(%d+)-')) + kept[k]
+      redis.call('HSET', KEYS[3], topic, last)
+      ms[k] = math.max(now, ms_of(newest[1]))
     end
-    next_seq[k] = last - kept[k] + 1
   end
+  next_seq[k] = last - kept[k] + 1
 end
 local out, from = {value}, 1
 for i, k in ipairs(numbers) do
@@ -100,24 +98,22 @@ for i, k in ipairs(numbers) do
 end
 redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', ARGV[2])
 for k = 1, histories do
-  if kept[k] > 0 then
-    local key = KEYS[3 + k]
-    local max_count, max_age = string.match(ARGV[4 + k], '^(%d+),(%d+)$')
-    redis.call('XTRIM', key, 'MAXLEN', max_count)
-    local cutoff = ms[k] - tonumber(max_age)
-    local oldest = redis.call('XRANGE', key, '-', '+', 'COUNT', 1)[1]
-    local rounds = 10  -- drop the front past max age, 100 at a time, at most 1,000 a write
-    while oldest and rounds > 0 and ms_of(oldest[1]) < cutoff do
-      rounds = rounds - 1
-      local front = redis.call('XRANGE', key, '-', '+', 'COUNT', 100)
-      local keep = string.format('%d-0', tonumber(string.match(front[#front][1], '^(%d+)-')) + 1)
-      local more = true
-      for _, old in ipairs(front) do
-        if ms_of(old[1]) >= cutoff then keep, more = old[1], false break end
-      end
-      redis.call('XTRIM', key, 'MINID', keep)
-      oldest = more and redis.call('XRANGE', key, '-', '+', 'COUNT', 1)[1]
+  local key = KEYS[3 + k]
+  local max_count, max_age = string.match(ARGV[4 + k], '^(%d+),(%d+)$')
+  redis.call('XTRIM', key, 'MAXLEN', max_count)
+  local cutoff = ms[k] - tonumber(max_age)
+  local oldest = redis.call('XRANGE', key, '-', '+', 'COUNT', 1)[1]
+  local rounds = 10  -- drop the front past max age, 100 at a time, at most 1,000 a write
+  while oldest and rounds > 0 and ms_of(oldest[1]) < cutoff do
+    rounds = rounds - 1
+    local front = redis.call('XRANGE', key, '-', '+', 'COUNT', 100)
+    local keep = string.format('%d-0', tonumber(string.match(front[#front][1], '^(%d+)-')) + 1)
+    local more = true
+    for _, old in ipairs(front) do
+      if ms_of(old[1]) >= cutoff then keep, more = old[1], false break end
     end
+    redis.call('XTRIM', key, 'MINID', keep)
+    oldest = more and redis.call('XRANGE', key, '-', '+', 'COUNT', 1)[1]
   end
 end
 return out

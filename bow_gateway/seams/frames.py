@@ -4,6 +4,7 @@ gateway's own websocket protocol (:mod:`.websocket`) parses from a client, and t
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import struct
 from typing import Final
@@ -38,7 +39,7 @@ def unmask(payload: bytes, mask: bytes) -> bytes:
     return (int.from_bytes(payload, "big") ^ int.from_bytes(key, "big")).to_bytes(length, "big")
 
 
-class FrameReader(asyncio.Protocol):
+class FrameReader(asyncio.Protocol, abc.ABC):
     """A server's side of a websocket: masked frames parsed into whole messages (at most
     ``limit`` bytes each; text decoded) for :meth:`message`, pings answered, the close handshake.
 
@@ -57,9 +58,9 @@ class FrameReader(asyncio.Protocol):
         self._binary = False  # the fragmented message's kind
         self._paused = False
 
+    @abc.abstractmethod
     def message(self, data: str | bytes) -> bool:
         """A whole message; False to pause the reading until :meth:`resume`."""
-        raise NotImplementedError
 
     def write(self, frame: bytes) -> None:
         transport = self.transport
