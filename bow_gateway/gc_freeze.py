@@ -1,4 +1,6 @@
-"""Keep long-lived objects out of CPython's full garbage collections, with ``gc.freeze()``.
+"""Keep the cyclic garbage collector off the hot path: its youngest generation collected less
+often while a gateway runs, and long-lived objects kept out of its full collections with
+``gc.freeze()``.
 
 At 10,000 sockets a gateway holds about a million objects that the cyclic collector tracks, and
 a full collection walks every one of them: the event loop stalls for a second. Connections live
@@ -7,7 +9,8 @@ which collections skip. A closed connection's objects are still freed, by refere
 (the outbound leaves no reference cycle behind: ``tests/test_seams_transport.py`` checks it).
 
 Freezing is process-wide, so it is off unless the gateway owns its process (the ``gc_freeze``
-setting; ``bow-gateway serve`` turns it on).
+setting; ``bow-gateway serve`` turns it on). The young threshold is process-wide too, but only
+moves when collections run, never what they collect: every running gateway raises it.
 """
 
 from __future__ import annotations
@@ -20,13 +23,37 @@ from collections.abc import Callable
 from typing import Any
 
 _freezing = False  # a collection of ours: not one to freeze after
+_young: list[tuple[int, int, int]] = []  # per running gateway, the threshold it found
+
+
+def raise_young_threshold(young_threshold: int = 10_000) -> None:
+    """Collect the youngest generation once ``young_threshold`` more objects are alive than at
+    the last collection, rather than CPython's 700, until :func:`restore_young_threshold`.
+
+    What a message allocates dies young by reference counting; what a message in flight holds
+    does not yet, and collecting every 700 walked it over and over and promoted it to the old
+    generation, whose full collections then walked every open connection's objects: 7-13% of a
+    gateway's CPU per one-listener message at 1,000-10,000 sockets, ~12% at 17,000 retained
+    messages a second. A threshold the program set higher is left as it is."""
+    threshold = gc.get_threshold()
+    _young.append(threshold)
+    if threshold[0] < young_threshold:
+        gc.set_threshold(young_threshold, *threshold[1:])
+
+
+def restore_young_threshold() -> None:
+    """Undo the last :func:`raise_young_threshold`: the threshold it found, once the last
+    gateway that raised it stops."""
+    if _young:
+        threshold = _young.pop()
+        if not _young:
+            gc.set_threshold(*threshold)
 
 
 async def freeze_after_connects(
     connects: Callable[[], int],
     interval: float = 1.0,
     max_delay: float = 10.0,
-    young_threshold: int = 10_000,
 ) -> None:
     """Freeze what is alive after start-up, then once sockets have connected and a quiet
     ``interval`` followed (or every ``max_delay`` s while they keep connecting: a collection
@@ -37,15 +64,8 @@ async def freeze_after_connects(
     no garbage is frozen: it walks only what was allocated since the last freeze. Freezing after
     CPython's own full collections (which it runs once a quarter more objects survived) keeps
     the next one to what is newer.
-
-    Meanwhile the youngest generation is collected every ``young_threshold`` allocations rather
-    than CPython's 700: most of what a message allocates dies young by reference counting, and
-    collecting that often walked the survivors over and over (12% of the gateway's CPU at 17,000
-    retained messages a second in ``bench/history_bench.py``, ~1% at 10,000).
     """
     loop = asyncio.get_running_loop()
-    threshold = gc.get_threshold()
-    gc.set_threshold(young_threshold, *threshold[1:])
 
     def after_collection(phase: str, info: dict[str, int]) -> None:
         if phase == "stop" and info["generation"] == 2 and not _freezing:
@@ -70,7 +90,6 @@ async def freeze_after_connects(
             await asyncio.sleep(interval)
     finally:
         gc.callbacks.remove(after_collection)
-        gc.set_threshold(*threshold)
 
 
 def _freeze() -> None:

@@ -16,7 +16,12 @@ from .consumer import Consumer
 from .control import Control
 from .criteria import ID_KEY, ListenerId, validate_criteria
 from .enrichers import Enrichers
-from .gc_freeze import freeze_after_connects, release_closed_transports
+from .gc_freeze import (
+    freeze_after_connects,
+    raise_young_threshold,
+    release_closed_transports,
+    restore_young_threshold,
+)
 from .history import History
 from .http_server import app_runner
 from .index import CriteriaIndex
@@ -74,6 +79,7 @@ class Bow:
         self._backplane: Backplane | None = None
         self._outbound: SocketOutbound | None = None
         self._runners: list[web.AppRunner] = []
+        self._young_raised = False  # gc's young threshold, until stop() puts it back
         self._stopping = False
         self.metrics = Metrics()
         self.metrics_port: int | None = None
@@ -282,6 +288,8 @@ class Bow:
         supervise("position teller", outbound.delivery.tell_positions)
         if config.gc_freeze:
             supervise("gc freezer", lambda: freeze_after_connects(lambda: outbound.connects))
+        raise_young_threshold()
+        self._young_raised = True
         try:
             self.port = await self._serve(self._app(publish, backplane), config.port)
             if config.metrics_port is not None:
@@ -354,6 +362,9 @@ class Bow:
         runners, self._runners = self._runners, []
         for runner in runners:
             await runner.cleanup()
+        if self._young_raised:
+            restore_young_threshold()
+            self._young_raised = False
         for function in {*self._middlewares.values(), *self._inbound_functions()}:
             if isinstance(function, AsyncClosable):
                 await function.aclose()
