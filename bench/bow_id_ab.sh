@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The bow-compare harness's `id` workload (one message to one listener by __id, 64 in flight)
-# against server_gw.py only, for several bow_gateway source trees in alternation: before/after
+# (or PLAN, e.g. "group:16") against server_gw.py only, for several bow_gateway source trees in alternation: before/after
 # figures of a change in one session. Each session is fresh, pinned as run-matrix.sh pins it
 # (server CPU 0, load generator CPU 1), through one private redis-server.
 #   bench/bow_id_ab.sh PYTHON "ROUNDS" L DURATION SRC...
 # SRC: a directory holding bow_gateway/ (a `git archive` of a commit, or the work tree), put first
-# on PYTHONPATH. Prints one line per session: src, round, server µs per message, messages/s,
+# on PYTHONPATH. Prints one line per session and workload: src, round, server µs per delivery
+# (per message for id), messages/s,
 # the server's CPU share, both cores' busy/steal shares, lost + HTTP errors, the server's RSS
 # growth per idle socket, load average. HARNESS: a copy of the harness with node_modules (else
 # npm ci); EXTRA_PATH: more PYTHONPATH (profiling hooks); KEEP_LOG: keep each server's log
@@ -37,7 +38,7 @@ for round in $rounds; do
         $ON_CONNECT $spid ) &
     fi
     taskset -c 1 node loadgen.js --url http://127.0.0.1:$hport --client raw4 --L "$L" --pid $spid \
-      --plan "id:64" --duration "$dur" --warmup 0.5 --drain 60 --label gw --out res.jsonl >/dev/null
+      --plan "${PLAN:-id:64}" --duration "$dur" --warmup 0.5 --drain 60 --label gw --out res.jsonl >/dev/null
     kill $spid; wait $spid 2>/dev/null
     [ -n "${KEEP_LOG:-}" ] && cp server.log "$KEEP_LOG.$(basename "$src").$round"
     python3 - "$src" "$round" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'EOF'
@@ -47,11 +48,13 @@ push = [r for r in rows if r.get("phase") == "push"]
 if not push:
     print(f"{sys.argv[1]} round {sys.argv[2]}: no push phase ({rows[0] if rows else 'nothing'})")
     sys.exit()
-r = push[0]
 kb = next((c["kb_per_conn"] for c in rows if c.get("phase") == "connect"), float("nan"))
-print(f"{sys.argv[1]} round {sys.argv[2]}: {r['server_cpu_us_per_delivery']:.1f} µs/msg, "
-      f"{r['msgs_per_s']:.0f} msg/s, server cpu {r['server_cpu']:.2f}, cores {r['cores']}, "
-      f"lost {r['lost'] + r['http_errors']}, {kb:.1f} KB/socket idle, load {sys.argv[3]}", flush=True)
+for r in push:
+    print(f"{sys.argv[1]} round {sys.argv[2]} {r['audience']}:{r['W']}: "
+          f"{r['server_cpu_us_per_delivery']:.1f} µs/delivery, "
+          f"{r['msgs_per_s']:.0f} msg/s, server cpu {r['server_cpu']:.2f}, cores {r['cores']}, "
+          f"lost {r['lost'] + r['http_errors']}, {kb:.1f} KB/socket idle, load {sys.argv[3]}",
+          flush=True)
 EOF
     sleep 1
   done
