@@ -260,8 +260,11 @@ def trace(sockets: str) -> dict[str, object]:
             for stat in files[:25]
         ],
         "by_line": [
-            [str(stat.traceback[0]).split("site-packages/")[-1], round(stat.size_diff / count),
-             round(stat.count_diff / count, 2)]
+            [
+                str(stat.traceback[0]).split("site-packages/")[-1],
+                round(stat.size_diff / count),
+                round(stat.count_diff / count, 2),
+            ]
             for stat in lines[:60]
         ],
     }

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from aiohttp import hdrs, web
 
@@ -40,6 +40,17 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PublishMany = Callable[[list[MessageEvent]], Awaitable[list[str]]]
 """Events to the backplane in one trip, in order; their positions."""
 Enrich = Callable[[list[Message]], Awaitable[list[Message]]]
+AcceptJson = Callable[[bytes], Awaitable[str | None]]
+"""A whole JSON body to the backplane: the last position (None: no message), or the refusal as
+a ``web.HTTPException`` (logged and counted already)."""
+
+
+class InboundHandler(NamedTuple):
+    """An inbound's aiohttp handler, and (for an inbound taking the JSON body) what it does with
+    a body that arrived whole, for the fast path (:mod:`.http_fast_path`)."""
+
+    handle: Handler
+    accept_json: AcceptJson | None
 
 
 def message_handler(
@@ -54,7 +65,7 @@ def message_handler(
     max_event_bytes: int = 262_144,
     max_batch: int = 1_000,
     check: Callable[[web.Request], None] | None = None,
-) -> Handler:
+) -> InboundHandler:
     """The aiohttp handler of one inbound path; ``timeout`` bounds the body's arrival, the
     message function, then the enrichers. ``publish`` returns the events' positions (the last
     is the ``Bow-Position``); ``enrich`` passes the messages through the enrichers; ``check``
@@ -66,12 +77,12 @@ def message_handler(
     accepted = metrics.messages_accepted.labels(inbound.path)
     limits = {"max_queries": max_queries, "max_predicates": max_predicates}
 
-    def refused(request: web.Request, error: web.HTTPException) -> None:
+    def refused(method: str, path: str, error: web.HTTPException) -> None:
         metrics.messages_refused.labels(inbound.path, str(error.status)).inc()
         level = logging.WARNING if error.status >= 500 else logging.INFO
         # The cause, when there is one, is for the log only (a Redis address, a plugin).
         cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
-        logger.log(level, "refused %s %s: %s%s", request.method, request.path, error.text, cause)
+        logger.log(level, "refused %s %s: %s%s", method, path, error.text, cause)
 
     def checked(raw: Any, batch: bool) -> list[Message]:
         if batch and len(raw) > max_batch:
@@ -91,42 +102,54 @@ def message_handler(
         except ValueError as error:  # the first faulty message's
             raise unprocessable(f"invalid message: {error}") from None
 
-    # One coroutine from the request to the backplane: a request in flight holds every layer
-    # (and the cyclic GC promotes them all when it meets it).
+    async def published(argument: Any) -> str | None:
+        """The message function on ``argument``, the checks, the enrichers, one trip to the
+        backplane: the last message's position (None: the function returned no message)."""
+        try:
+            raw = await call_user_function(create_message, argument, timeout)
+        except TimeoutError:
+            late = f"{describe(create_message)} did not answer within {timeout:g} s"
+            raise unavailable(1) from TimeoutError(late)
+        except Exception as error:  # noqa: BLE001 - the user's function refused the body
+            raise unprocessable(f"the {what} was refused: {error}") from None
+        batch = isinstance(raw, list)
+        messages = checked(raw, batch)
+        if enrich is not None:
+            messages = await enriched(enrich, messages, batch)
+        for index, message in enumerate(messages):
+            check_size(message, f"{index}: " if batch else "", max_event_bytes)
+        if not messages:
+            return None
+        now = time.time()
+        try:
+            positions = await publish(
+                [MessageEvent(middleware_version, message, now) for message in messages]
+            )
+        except BackplaneUnavailable as error:
+            raise unavailable(error.retry_after) from error
+        accepted.inc(len(messages))
+        return positions[-1]
+
     async def handle(request: web.Request) -> web.StreamResponse:
         if check is not None:
             check(request)
         try:
-            argument = await read(request, timeout)
-            try:
-                raw = await call_user_function(create_message, argument, timeout)
-            except TimeoutError:
-                late = f"{describe(create_message)} did not answer within {timeout:g} s"
-                raise unavailable(1) from TimeoutError(late)
-            except Exception as error:  # noqa: BLE001 - the user's function refused the body
-                raise unprocessable(f"the {what} was refused: {error}") from None
-            batch = isinstance(raw, list)
-            messages = checked(raw, batch)
-            if enrich is not None:
-                messages = await enriched(enrich, messages, batch)
-            for index, message in enumerate(messages):
-                check_size(message, f"{index}: " if batch else "", max_event_bytes)
-            if not messages:
-                return web.Response(status=204)
-            now = time.time()
-            try:
-                positions = await publish(
-                    [MessageEvent(middleware_version, message, now) for message in messages]
-                )
-            except BackplaneUnavailable as error:
-                raise unavailable(error.retry_after) from error
+            position = await published(await read(request, timeout))
         except web.HTTPException as error:
-            refused(request, error)
+            refused(request.method, request.path, error)
             raise
-        accepted.inc(len(messages))
-        return web.Response(status=204, headers={POSITION_HEADER: positions[-1]})
+        if position is None:
+            return web.Response(status=204)
+        return web.Response(status=204, headers={POSITION_HEADER: position})
 
-    return handle
+    async def accept_json(body: bytes) -> str | None:
+        try:
+            return await published(json_body(body))
+        except web.HTTPException as error:
+            refused(hdrs.METH_POST, inbound.path, error)
+            raise
+
+    return InboundHandler(handle, accept_json if read is read_json else None)
 
 
 async def enriched(enrich: Enrich, messages: list[Message], batch: bool) -> list[Message]:
@@ -167,7 +190,11 @@ async def read_json(request: web.Request, timeout: float) -> Any:
     if not request.body_exists:
         raise unprocessable(NO_BODY)
     _check_json_content_type(request)
-    body = await _read(request, timeout)
+    return json_body(await _read(request, timeout))
+
+
+def json_body(body: bytes) -> Any:
+    """The JSON value of a body; 422 for an empty one or one that is not JSON."""
     if not body.strip():
         raise unprocessable(NO_BODY)
     try:

@@ -54,6 +54,12 @@ class BasicAuth:
         self._issued: set[Handler] = set()  # every handler a route got from add()
         self._sealed = False
 
+    @property
+    def header(self) -> bytes:
+        """The ``Authorization`` value a client with the credentials sends (never a header's
+        value when the username holds ``:``: such a client is checked by :meth:`check`)."""
+        return self._header
+
     def check(self, request: web.Request) -> None:
         """Raise ``401`` (with the challenge) unless ``request`` has the credentials."""
         header = request.headers.get(hdrs.AUTHORIZATION, "")

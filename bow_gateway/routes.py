@@ -12,6 +12,7 @@ from aiohttp import web
 from .backplanes import Backplane
 from .config import Config
 from .control import Control, check_inbound_paths
+from .http_fast_path import FastRoute
 from .http_server import HandshakeLimits, handshake_limits
 from .inbound import Enrich, Handler, health_handler, message_handler
 from .inbound_auth import BasicAuth
@@ -40,9 +41,10 @@ def build_app(
     enrich: Enrich | None,
     health_check: HealthCheck | None,
     serving: Callable[[], bool],
-) -> web.Application:
+) -> tuple[web.Application, dict[bytes, FastRoute]]:
     """Every route, behind the inbounds' Basic Auth (:mod:`.inbound_auth`) but for the
-    endpoints clients use."""
+    endpoints clients use; and the plain JSON inbounds, for the fast path
+    (:mod:`.http_fast_path`)."""
     open_paths = {HEALTH_PATH}
     # The clients' endpoints take a listener's token, not the inbounds' credentials
     client_paths = [
@@ -64,9 +66,10 @@ def build_app(
         is_open=lambda path: path in open_paths or path.startswith(SOCKETIO_PATH),
     )
 
+    fast: dict[bytes, FastRoute] = {}
     for spec in inbounds.values():
         plain = "{" not in spec.path
-        handler = message_handler(
+        handler, accept_json = message_handler(
             spec,
             publisher.positions,
             metrics,
@@ -80,6 +83,8 @@ def build_app(
         )
         if not plain:  # a parameter may match a path the gateway keeps for itself
             handler = _not_on(handler, _gateway_path(config))
+        elif accept_json is not None:
+            fast[spec.path.encode()] = FastRoute(accept_json, auth.header)
         auth.add(app, "POST", spec.path, handler, checks_itself=plain)
     control.add_routes(lambda path, handler: auth.add(app, "POST", path, handler), inbounds)
     health = health_handler(serving, health_check, timeout=config.inbound_timeout)
@@ -118,7 +123,7 @@ def build_app(
         )
         auth.add(app, "GET", config.gobbler_path, gobbler.handle)
     auth.seal(app)  # the catch-all route; no route without credentials but the open ones
-    return app
+    return app, fast
 
 
 def check_inbound(path: Any, api_prefix: str, body_function: Any, request_function: Any) -> None:

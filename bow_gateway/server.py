@@ -23,6 +23,7 @@ from .gc_freeze import (
     restore_young_threshold,
 )
 from .history import History
+from .http_fast_path import FastPathServer, FastRoute
 from .http_server import app_runner
 from .index import CriteriaIndex
 from .message import Event, encode_event
@@ -80,6 +81,7 @@ class Bow:
         self._outbound: SocketOutbound | None = None
         self._runners: list[web.AppRunner] = []
         self._young_raised = False  # gc's young threshold, until stop() puts it back
+        self._fast_paths: list[tuple[FastPathServer, asyncio.Server]] = []
         self._stopping = False
         self.metrics = Metrics()
         self.metrics_port: int | None = None
@@ -291,11 +293,11 @@ class Bow:
         raise_young_threshold()
         self._young_raised = True
         try:
-            self.port = await self._serve(self._app(publish, backplane), config.port)
+            self.port = await self._serve(*self._app(publish, backplane), config.port)
             if config.metrics_port is not None:
                 metrics_app = web.Application()
                 metrics_app.router.add_get(METRICS_PATH, self.metrics.handle)
-                self.metrics_port = await self._serve(metrics_app, config.metrics_port)
+                self.metrics_port = await self._serve(metrics_app, {}, config.metrics_port)
         except BaseException:
             await self.stop()
             raise
@@ -303,7 +305,7 @@ class Bow:
 
     def _app(
         self, publish: Callable[[Event], Awaitable[str]], backplane: Backplane
-    ) -> web.Application:
+    ) -> tuple[web.Application, dict[bytes, FastRoute]]:
         outbound = self._outbound
         assert outbound is not None
         self._control = Control(self.config, publish, backplane)
@@ -322,12 +324,32 @@ class Bow:
             ),
         )
 
-    async def _serve(self, app: web.Application, port: int) -> int:
-        """Serve ``app`` on ``port`` (0: any free port); returns the port bound."""
+    async def _serve(self, app: web.Application, fast: dict[bytes, FastRoute], port: int) -> int:
+        """Serve ``app`` on ``port`` (0: any free port), the ``fast`` inbounds' plain requests
+        on the fast path (:mod:`.http_fast_path`); returns the port bound."""
         config = self.config
         runner = app_runner(app, timeout=config.http_timeout)
         await runner.setup()
         self._runners.append(runner)
+        if fast:
+            assert runner.server is not None
+            factory = FastPathServer(
+                runner.server,
+                fast,
+                timeout=config.http_timeout,
+                max_body_size=config.max_body_size,
+            )
+            listening = await asyncio.get_running_loop().create_server(
+                factory,
+                config.host,
+                port,
+                ssl=config.ssl_context(),
+                backlog=128,  # aiohttp's
+                reuse_port=config.reuse_port or None,
+            )
+            self._fast_paths.append((factory, listening))
+            fast_port: int = listening.sockets[0].getsockname()[1]
+            return fast_port
         site = web.TCPSite(
             runner,
             config.host,
@@ -344,6 +366,10 @@ class Bow:
         deliver what was accepted, then close every socket so that its client reconnects
         elsewhere."""
         self._stopping = True
+        fast_paths, self._fast_paths = self._fast_paths, []
+        for factory, listening in fast_paths:
+            listening.close()  # no new connection; busy ones close once they have answered
+            factory.close()
         for runner in self._runners:
             for site in list(runner.sites):
                 await site.stop()  # no new connection; those open stay until closed below
