@@ -23,19 +23,17 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import _common as common
 import aiohttp
 from _redis import RedisServer, free_port
+from instructions_bench import TOTALS, compare, control
 
 HARNESS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "bow-compare"
-TOTALS = re.compile(rb"^totals:\s+(\d+)", re.MULTILINE)
 AUTHORIZATION = aiohttp.BasicAuth("pusher", "secret").encode()
 
 
@@ -134,10 +132,6 @@ async def push(
         await asyncio.wait_for(listeners.changed.wait(), 120)
 
 
-def control(pid: int, *args: str) -> None:
-    subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
-
-
 async def measure(source: str | None, args: argparse.Namespace, redis: RedisServer) -> float:
     redis.flush()
     with tempfile.TemporaryDirectory(prefix="id-instructions-") as work:
@@ -189,20 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--cprofile", help="instead of callgrind: run natively under cProfile, stats written here"
     )
     args = parser.parse_args(argv)
-    print(common.environment(["aiohttp", "redis", "hiredis"]), flush=True)
-    sources: list[str | None] = list(args.gateway or [None])
-    results: dict[str, list[float]] = {}
     with RedisServer() as redis:
-        for _ in range(args.rounds):
-            for source in sources:
-                name = source or "this checkout"
-                ir = asyncio.run(measure(source, args, redis))
-                results.setdefault(name, []).append(ir)
-                print(f"{name}: {ir:,.0f} instructions per message", flush=True)
-    if len(sources) > 1:
-        first = min(results[sources[0] or "this checkout"])
-        for name, irs in results.items():
-            print(f"{name}: best {min(irs):,.0f} ({min(irs) / first:.2f} of the first)")
+        compare(args.gateway, args.rounds, lambda source: measure(source, args, redis))
     return 0
 
 

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import _common as common
@@ -163,21 +163,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--cprofile", help="instead of callgrind: run natively and write cProfile's stats here"
     )
     args = parser.parse_args(argv)
-    print(common.environment(["aiohttp", "redis", "hiredis"]), flush=True)
-    sources: list[str | None] = list(args.gateway or [None])
-    results: dict[str, list[float]] = {}
     with RedisServer(aof=True) as redis:
-        for _ in range(args.rounds):
-            for source in sources:
-                name = source or "this checkout"
-                ir = asyncio.run(measure(source, args, redis))
-                results.setdefault(name, []).append(ir)
-                print(f"{name}: {ir:,.0f} instructions per message", flush=True)
+        compare(args.gateway, args.rounds, lambda source: measure(source, args, redis))
+    return 0
+
+
+def compare(
+    gateways: list[str] | None, rounds: int, measure: Callable[[str | None], Awaitable[float]]
+) -> None:
+    """``measure`` each gateway (None: this checkout) ``rounds`` times in alternation, printing
+    instructions per message, then each one's best against the first's."""
+    print(common.environment(["aiohttp", "redis", "hiredis"]), flush=True)
+    sources: list[str | None] = list(gateways or [None])
+    results: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for source in sources:
+            name = source or "this checkout"
+            ir = asyncio.run(measure(source))
+            results.setdefault(name, []).append(ir)
+            print(f"{name}: {ir:,.0f} instructions per message", flush=True)
     if len(sources) > 1:
         first = min(results[sources[0] or "this checkout"])
         for name, irs in results.items():
             print(f"{name}: best {min(irs):,.0f} ({min(irs) / first:.2f} of the first)")
-    return 0
 
 
 if __name__ == "__main__":
