@@ -63,10 +63,10 @@ _ONCE: Final = frozenset({b"content-length", b"content-type", b"authorization", 
 
 class FastPathServer:
     """The protocol factory of a listening socket: a :class:`FastConnection` per connection,
-    handed to ``server`` (aiohttp's) when a request is not for the fast path. Closes a fast
-    connection that has no request to answer ``timeout`` s after its start or last answer, as
-    aiohttp's keep-alive timer does; a body that does not arrive with its head is aiohttp's to
-    wait for (and time: ``408``)."""
+    handed to ``server`` (aiohttp's) when a request is not for the fast path. A fast connection
+    with no request to answer is closed ``timeout`` s after its start or last answer, as
+    aiohttp's keep-alive timer closes its own; a body that does not arrive with its head is
+    aiohttp's to wait for (and time: ``408``)."""
 
     def __init__(
         self,
@@ -81,37 +81,23 @@ class FastPathServer:
         self.timeout = timeout
         self.max_body_size = max_body_size
         self.connections: set[FastConnection] = set()
-        self._sweeper: asyncio.TimerHandle | None = None
         self.closing = False
 
     def __call__(self) -> FastConnection:
-        if self._sweeper is None:
-            self._sweep()
         return FastConnection(self)
 
     def close(self) -> None:
         """Close the idle connections now, the others once their request is answered."""
         self.closing = True
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
         for connection in list(self.connections):
             if connection.task is None:
                 connection.close()
-
-    def _sweep(self) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        for connection in list(self.connections):
-            if connection.task is None and now - connection.since >= self.timeout:
-                connection.close()  # idle, or a request's head that did not arrive in time
-        self._sweeper = loop.call_at(now + min(1.0, self.timeout / 2), self._sweep)
 
 
 class FastConnection(asyncio.Protocol):
     """One connection, while its requests are for the fast path (see the module's docstring)."""
 
-    __slots__ = ("_buffer", "_eof", "_fast", "_paused", "_transport", "since", "task")
+    __slots__ = ("_buffer", "_eof", "_fast", "_paused", "_timer", "_transport", "since", "task")
 
     def __init__(self, fast: FastPathServer) -> None:
         self._fast = fast
@@ -119,18 +105,37 @@ class FastConnection(asyncio.Protocol):
         self._buffer = b""
         self._paused = False
         self._eof = False
+        self._timer: asyncio.TimerHandle | None = None  # its keep-alive timer
         self.task: asyncio.Task[None] | None = None
         self.since = 0.0  # when it opened or last answered: its next request's head is due
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
-        self.since = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        self.since = loop.time()
+        self._timer = loop.call_at(self.since + self._fast.timeout, self._expire)
         self._fast.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self._fast.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        """Close the connection ``timeout`` s after its start or last answer unless a request
+        is being answered; one timer a connection, moved on only when it fires (as aiohttp's
+        keep-alive timer), not for every request."""
+        loop = asyncio.get_running_loop()
+        now, timeout = loop.time(), self._fast.timeout
+        if self.task is None and now >= self.since + timeout:
+            self._timer = None
+            self.close()
+            return
+        due = now + timeout if self.task is not None else self.since + timeout
+        self._timer = loop.call_at(due, self._expire)
 
     def data_received(self, data: bytes) -> None:
         self._buffer = self._buffer + data if self._buffer else data
@@ -229,6 +234,9 @@ class FastConnection(asyncio.Protocol):
         """The connection becomes aiohttp's, with what it sent that is not answered yet."""
         transport = self._transport
         self._fast.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if transport is None or transport.is_closing():
             return
         handler = self._fast.server()
