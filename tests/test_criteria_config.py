@@ -196,6 +196,7 @@ def test_local_spark_defaults_merge_the_file_s_java_options(tmp_path: Path) -> N
     config = parse_job_config(document(spark={"conf": {"spark.sql.shuffle.partitions": "3"}}))
     assert local_defaults(2, config, warm=False) == {
         "spark.sql.shuffle.partitions": "4",  # the file's 3 goes on top in build_session
+        "spark.sql.execution.useObjectHashAggregateExec": "false",
         "spark.driver.extraJavaOptions": "-XX:+UseParallelGC -XX:TieredStopAtLevel=1",
     }
     # on more cores, C2 compiles on cores the tasks leave free

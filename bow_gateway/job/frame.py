@@ -130,9 +130,16 @@ def prepare(frame: DataFrame) -> DataFrame:
             item = kind.elementType
             is_bad = _is_bad(item)
             if is_bad is not None:
-                bad = F.exists(value, is_bad)
+                # array_contains is compiled with the query; a lambda (exists) is interpreted
+                bad = (
+                    F.array_contains(value, F.lit(""))
+                    if isinstance(item, StringType)
+                    else F.exists(value, is_bad)
+                )
                 problems.append(F.when(bad, f"column {name!r} holds {_what(item)}"))
-            tidy = F.array_sort(F.array_distinct(F.filter(value, lambda x: x.isNotNull())))
+            # sort_array and array_compact, not array_sort and filter (lambdas, interpreted
+            # row by row: 4.5 s of a million listeners' 11 s query); no NULL is left to order
+            tidy = F.sort_array(F.array_distinct(F.array_compact(value)))
             value = F.when(F.size(tidy) > 0, tidy)  # an empty list matches nothing
             if not codable(kind):
                 value = F.coalesce(F.to_json(value), F.lit("null"))

@@ -81,6 +81,10 @@ def local_defaults(cores: int, config: JobConfig, *, warm: bool = True) -> dict[
     defaults = {
         # Spark's 200 shuffle partitions cost seconds of task overhead on one machine.
         "spark.sql.shuffle.partitions": str(2 * cores),
+        # A GROUP BY id with collect_set (the usual criteria query) by sorting what the join
+        # has sorted already, rather than a hash map that falls back to sorting past 128 ids a
+        # task: 8.1 -> 6.6 s for a million listeners' query (2 cores).
+        "spark.sql.execution.useObjectHashAggregateExec": "false",
         JAVA_OPTIONS: driver_java_options(config, local=True, cores=cores),
     }
     if warm and not {DAEMON_MODULE, WORKER_PATH} & set(config.spark_conf):
