@@ -1,11 +1,12 @@
 """The criteria job's checks before it writes: the query's rows against the gateway's rules,
 the sizes that set the Arrow batches, whether an incremental run may write into the live
-snapshot. They run on the driver (Spark jobs over the cached query result)."""
+snapshot. The rules and sizes are observed while the rows are cached (:func:`cached`); the
+duplicate ids of an incremental run take a Spark job of their own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -42,60 +43,68 @@ def same_columns(live: Live, keys: tuple[str, ...], kinds: list[DataType]) -> bo
     )
 
 
-def check(
-    prepared: DataFrame,
-    bound: Column,
-    *,
-    distinct: bool,
-    progress: Callable[[str], None],
-) -> tuple[int, int, int]:
-    """Run the query once (cached), count it and refuse rows that break the gateway's rules;
-    the listeners read, the bytes of the longest field, the largest ``bound`` (of a value)."""
+def cached(frame: DataFrame, **measures: Column) -> tuple[DataFrame, dict[str, Any]]:
+    """``frame`` cached, made by counting its rows (``rows``); ``measures``, aggregates over
+    the rows, are observed while the cache is made, in the same pass."""
+    from pyspark import StorageLevel
+    from pyspark.sql import Observation
+
+    observation = Observation()  # a name of its own: a session may run the job again
+    if measures:
+        frame = frame.observe(observation, *(c.alias(name) for name, c in measures.items()))
+    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        rows = frame.count()
+        observed = observation.get if measures else {}
+    except BaseException:
+        frame.unpersist()
+        raise
+    return frame, {**observed, "rows": rows}
+
+
+def rules() -> dict[str, Column]:
+    """The measures (see :func:`cached`) that :func:`refuse_broken` takes of the rows of
+    :func:`bow_gateway.job.frame.prepare`: how many break the gateway's rules, why the first."""
     from pyspark.sql import functions as F
 
-    aggregates = [
-        F.count(F.lit(1)).alias("read"),
-        F.count(F.col("problem")).alias("bad"),
-        F.first(
-            F.concat(
-                F.col("problem"),
-                F.lit(" (listener "),
-                F.coalesce(F.col("field"), F.lit("NULL")),
-                F.lit(")"),
-            ),
-            ignorenulls=True,
-        ).alias("example"),
-        F.max(F.octet_length("field")).alias("longest_field"),
-        F.max(bound).alias("bound"),
-    ]
-    if distinct:
-        aggregates.append(F.count_distinct("field").alias("distinct"))
-    row = prepared.agg(*aggregates).collect()[0]
-    read = int(row["read"])
-    progress(f"criteria query: {read:,} listeners")
-    if row["bad"]:
+    return {
+        "broken": F.count(F.col("problem")),
+        "example": F.first(F.col("problem"), ignorenulls=True),
+    }
+
+
+def refuse_broken(measured: Mapping[str, Any]) -> None:
+    """:class:`CriteriaJobError` if a listener breaks the gateway's rules (:func:`rules`)."""
+    if measured["broken"]:
         raise CriteriaJobError(
-            f"{row['bad']:,} listener(s) break the gateway's rules for criteria, e.g. "
-            f"{row['example']}; nothing was written"
+            f"{measured['broken']:,} listener(s) break the gateway's rules for criteria, e.g. "
+            f"{measured['example']}; nothing was written"
         )
-    if distinct and row["distinct"] != read:
+
+
+def refuse_duplicates(prepared: DataFrame, read: int) -> None:
+    """:class:`CriteriaJobError` if a listener id appears in more than one of the ``read``
+    rows."""
+    from pyspark.sql import functions as F
+
+    distinct = int(prepared.agg(F.count_distinct("field")).collect()[0][0])
+    if distinct != read:
         raise CriteriaJobError(
-            f"{read - row['distinct']:,} listener id(s) appear in more than one row of the"
-            f" criteria query, e.g. {', '.join(duplicates(prepared))}: the query must return one"
-            " row per listener (GROUP BY id); nothing was written"
+            f"{read - distinct:,} listener id(s) appear in more than one row of the criteria"
+            f" query, e.g. {', '.join(duplicates(prepared))}: the query must return one row per"
+            " listener (GROUP BY id); nothing was written"
         )
-    return read, int(row["longest_field"] or 0), int(row["bound"] or 0)
 
 
 ENTRY_FRAMING: Final = 64
-"""More than the bytes of a writer's row beyond its field and value, and its field again in the
-``notify`` column (RESP headers, Arrow offsets and validity, the other columns)."""
+"""More than the bytes of a writer's row beyond its ``entry`` (Arrow offsets and validity, the
+other columns of a full run's rows)."""
 
 
 def size_batches(spark: SparkSession, config: JobConfig, entry_bytes: int | None) -> None:
     """Arrow batches of up to :data:`ARROW_BATCH` rows to the writers. Spark's check of their
     size in bytes, which measures the whole batch after every row (a quarter of the JVM's time in
-    the write phase), is turned off when a bound on a row's bytes is known (``entry_bytes``) and
+    the write phase), is turned off when the most bytes of a row are known (``entry_bytes``) and
     allows batches of :data:`FEWEST_ROWS` or more: batches then hold as many rows as keep them
     within Spark's limit."""
     rows = ARROW_BATCH

@@ -108,9 +108,10 @@ def _criterion(index: int) -> str:
 
 def prepare(frame: DataFrame) -> DataFrame:
     """``field`` (the listener id as JSON), ``problem`` (why the row breaks the gateway's rules,
-    or NULL) and each criterion by position: a column of strings cleaned (lists without NULLs
-    and duplicates, sorted, NULL when empty), what :func:`code_tables` counts and :func:`shape`
-    encodes; any other column already as its JSON (``null`` for a NULL)."""
+    naming the listener, or NULL) and each criterion by position: a column of strings cleaned
+    (lists without NULLs and duplicates, sorted, NULL when empty), what :func:`code_tables`
+    counts and :func:`shape` encodes; any other column already as its JSON (``null`` for a
+    NULL)."""
     columns = check_schema(frame)
     raw_id = _col(ID_COLUMN)
     id_type = frame.schema[ID_COLUMN].dataType
@@ -137,17 +138,22 @@ def prepare(frame: DataFrame) -> DataFrame:
                     else F.exists(value, is_bad)
                 )
                 problems.append(F.when(bad, f"column {name!r} holds {_what(item)}"))
-            # sort_array and array_compact, not array_sort and filter (lambdas, interpreted
-            # row by row: 4.5 s of a million listeners' 11 s query); no NULL is left to order
-            tidy = F.sort_array(F.array_distinct(F.array_compact(value)))
-            value = F.when(F.size(tidy) > 0, tidy)  # an empty list matches nothing
+            # Without NULLs and duplicates (array_except with [NULL]: one hash set), sorted. No
+            # lambda (filter, array_sort: interpreted row by row) and no array_compact (a
+            # filter underneath): they keep the whole projection out of generated code.
+            tidy = F.sort_array(F.array_except(value, F.array(F.lit(None).cast(item))))
+            # An empty list matches nothing. nullif makes the list once: in when(size(tidy) > 0,
+            # tidy) the branch's tidy is not a common subexpression, and was made twice.
+            value = F.nullif(tidy, F.array().cast(kind))
             if not codable(kind):
                 value = F.coalesce(F.to_json(value), F.lit("null"))
         else:
             is_bad = _is_bad(kind)
             if is_bad is not None:
                 problems.append(F.when(is_bad(value), f"column {name!r} is {_what(kind)}"))
-            if not codable(kind):
+            if isinstance(kind, (BooleanType, *_INTEGRAL)):
+                value = F.coalesce(value.cast("string"), F.lit("null"))  # its JSON already
+            elif not codable(kind):
                 value = _scalar_json(value)
         cleaned.append(value.alias(_criterion(index)))
     names = [_criterion(index) for index in range(len(columns))]
@@ -155,7 +161,13 @@ def prepare(frame: DataFrame) -> DataFrame:
         id_json.alias("bow_id_json"),
         (F.coalesce(*problems) if len(problems) > 1 else problems[0]).alias("problem"),
         *cleaned,
-    ).select(field.alias("field"), "problem", *names)
+    ).select(
+        field.alias("field"),
+        F.concat(
+            "problem", F.lit(" (listener "), F.coalesce(field, F.lit("NULL")), F.lit(")")
+        ).alias("problem"),
+        *names,
+    )
 
 
 def codable(kind: DataType) -> bool:
@@ -227,7 +239,8 @@ def _coded(text: Column, table: tuple[str, ...] | None, json: Column) -> Column:
     if not table:
         return json
     position = F.array_position(F.array(*(F.lit(s) for s in table)), text)
-    return F.when(position > 0, (position - 1).cast("string")).otherwise(json)
+    # nullif looks the string up once (a branch's value is not a common subexpression)
+    return F.coalesce((F.nullif(position, F.lit(0)) - 1).cast("string"), json)
 
 
 def _scalar_json(text: Column) -> Column:
@@ -284,26 +297,6 @@ def digest_of(kinds: list[DataType]) -> Column:
         value = F.col(_criterion(index))
         parts += [value.isNull(), value]  # xxhash64 skips NULLs: (NULL, "a") is not ("a", NULL)
     return F.xxhash64(*parts) if parts else F.xxhash64(F.lit(0))
-
-
-def value_bound(kinds: list[DataType]) -> Column:
-    """At least the bytes of a row's value, however its strings are coded: a string's JSON takes
-    at most six bytes per byte (``\\u00XX``) and its quotes."""
-    parts: list[Column] = [F.lit(2 + max(0, len(kinds) - 1))]  # brackets, commas
-    for index, kind in enumerate(kinds):
-        value = F.col(_criterion(index))
-        if not codable(kind):
-            parts.append(F.octet_length(value))
-        elif isinstance(kind, ArrayType):
-            # each item's 6 bytes a byte and 3 more, summed without a lambda (interpreted)
-            items = 6 * F.octet_length(F.array_join(value, "")) + 3 * F.size(value)
-            parts.append(F.coalesce(items + 2, F.lit(4)))
-        else:
-            parts.append(F.coalesce(6 * F.octet_length(value) + 2, F.lit(4)))
-    total = parts[0]
-    for part in parts[1:]:
-        total = total + part
-    return total
 
 
 def _bulk(text: Column) -> Column:

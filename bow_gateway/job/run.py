@@ -20,8 +20,11 @@ from ..criteria_snapshot import Codes, Layout, Live, bucket_count
 from ..redis_client import describe, sync_redis_client
 from .checks import (
     ENTRY_FRAMING,
-    check,
+    cached,
     duplicates,
+    refuse_broken,
+    refuse_duplicates,
+    rules,
     same_columns,
     size_batches,
 )
@@ -132,10 +135,9 @@ def _locked_run(
     progress: Callable[[str], None],
     started: float,
 ) -> Summary:
-    from pyspark import StorageLevel
     from pyspark.errors import PySparkException
 
-    from .frame import check_schema, code_tables, digest_of, prepare, shape, value_bound
+    from .frame import check_schema, code_tables, digest_of, prepare, shape
 
     removed = store.clean_up()
     if removed:
@@ -152,11 +154,13 @@ def _locked_run(
     columns = check_schema(frame)
     keys = tuple(name for name, _ in columns)
     kinds = [kind for _, kind in columns]
-    prepared = prepare(frame).persist(StorageLevel.MEMORY_AND_DISK)
+    prepared, measured = cached(prepare(frame), **rules())
     try:
-        read, longest_field, bound = check(
-            prepared, value_bound(kinds), distinct=incremental, progress=progress
-        )
+        read = measured["rows"]
+        progress(f"criteria query: {read:,} listeners")
+        refuse_broken(measured)
+        if incremental:
+            refuse_duplicates(prepared, read)
         if incremental and (live is None or live.state is None or not exists(spark, live.state)):
             progress("no state of a previous run to compare with: a full run instead")
             incremental = False
@@ -171,13 +175,11 @@ def _locked_run(
             if codes is not None:
                 coded = [f"{k} {len(t)}" for k, t in zip(keys, codes, strict=True) if t]
                 progress(f"codes for the frequent strings of {', '.join(coded)}")
-        # the values are made as the writers take them (from the cached criteria)
         shaped = shape(prepared, kinds, codes, digest=incremental)
-        # an incremental run also writes ids removed since, which the checks did not measure
-        entry_bytes = bound + 2 * longest_field + ENTRY_FRAMING
-        size_batches(spark, config, None if incremental else entry_bytes)
         if incremental:
             assert live is not None and live.state is not None
+            # its rows are made as the writers take them, their sizes unknown beforehand
+            size_batches(spark, config, None)
             return _incremental(config, spark, store, shaped, live, read, progress, started)
         digests = prepared.select("field", digest_of(kinds).alias("digest"))
         return _full(
@@ -200,7 +202,6 @@ def _full(
     progress: Callable[[str], None],
     started: float,
 ) -> Summary:
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from .frame import entries
@@ -208,9 +209,14 @@ def _full(
     buckets = config.buckets or bucket_count(read, config.listeners_per_bucket)
     # The commands are made (and cached) before the writers start: while Redis is written to,
     # the JVM only hands them over.
-    rows = entries(shaped, buckets).persist(StorageLevel.MEMORY_AND_DISK)
+    rows, sizes = cached(
+        entries(shaped, buckets),
+        value=F.max("size"),
+        entry=F.max(F.octet_length("entry")),
+    )
     try:
-        longest = int(rows.agg(F.max("size")).collect()[0][0] or 0)
+        size_batches(spark, config, (sizes["entry"] or 0) + ENTRY_FRAMING)
+        longest = sizes["value"] or 0
         progress(f"commands made: values of up to {longest:,} bytes")
         warn_listpack(store, {"longest": longest}, config, progress)
         return _write_full(

@@ -3,9 +3,11 @@ in one line, and the Hadoop filesystem where the incremental runs keep their sta
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -50,9 +52,27 @@ def build_session(config: JobConfig, master: str | None = None) -> SparkSession:
     conf.update({k: v for k, v in config.spark_conf.items() if k not in conf or k != JAVA_OPTIONS})
     for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    early = threading.Thread(target=_import_quietly, args=(EARLY_IMPORT,), name="bow-early-import")
+    early.start()  # while the JVM starts (the driver only waits for it then)
+    try:
+        spark = builder.getOrCreate()
+    finally:
+        early.join()
     quiet_spark(spark)
     return spark
+
+
+EARLY_IMPORT: Final = "pyspark.testing.utils"
+"""PySpark imports it, and pandas with it (~0.4-1 s), at its first conversion of a Python
+value for the JVM, once the JVM is up: :func:`build_session` imports it while the JVM starts."""
+
+
+def _import_quietly(name: str) -> None:
+    """Import a module ahead of time; a failure is left for the import that needs it."""
+    try:
+        importlib.import_module(name)
+    except Exception:  # noqa: BLE001 (PySpark's own import raises it again, where it counts)
+        pass
 
 
 def executor_python(
