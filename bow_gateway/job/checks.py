@@ -1,7 +1,7 @@
 """The criteria job's checks before it writes: the query's rows against the gateway's rules,
 the sizes that set the Arrow batches, whether an incremental run may write into the live
-snapshot. The rules and sizes are observed while the rows are cached (:func:`cached`); the
-duplicate ids of an incremental run take a Spark job of their own."""
+snapshot. The rules are observed while the rows are cached (:func:`cached`); the duplicate ids
+of an incremental run take a Spark job of their own."""
 
 from __future__ import annotations
 
@@ -97,8 +97,8 @@ def refuse_duplicates(prepared: DataFrame, read: int) -> None:
 
 
 ENTRY_FRAMING: Final = 64
-"""More than the bytes of a writer's row beyond its ``entry`` (Arrow offsets and validity, the
-other columns of a full run's rows)."""
+"""More than the bytes of a writer's row beyond its field and value (RESP headers, Arrow offsets
+and validity, the other columns of a full run's rows)."""
 
 
 def size_batches(spark: SparkSession, config: JobConfig, entry_bytes: int | None) -> None:

@@ -29,7 +29,7 @@ from .checks import (
     size_batches,
 )
 from .checks import CriteriaJobError as CriteriaJobError
-from .config import JobConfig
+from .config import Input, JobConfig
 from .spark import exists, short, spark_failure, sweep_states
 from .writing import CLIENT_DEFAULTS, abandon, save_state, warn_listpack, write_rows
 
@@ -75,21 +75,31 @@ class Summary:
 
 
 def register_inputs(spark: SparkSession, config: JobConfig) -> None:
-    """Every ``[[inputs]]`` table as a temporary Spark SQL view."""
+    """Every ``[[inputs]]`` table as a temporary Spark SQL view.
+
+    They are opened at once, each in a thread of its own: opening one may take a Spark job
+    (Parquet's schema, from its files' footers) that leaves most cores idle."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not config.inputs:
+        return
+    with ThreadPoolExecutor(len(config.inputs), thread_name_prefix="bow-input") as pool:
+        frames = list(pool.map(lambda source: _open(spark, source), config.inputs))
+    for source, frame in zip(config.inputs, frames, strict=True):
+        frame.createOrReplaceTempView(source.name)
+
+
+def _open(spark: SparkSession, source: Input) -> DataFrame:
     from py4j.protocol import Py4JError
     from pyspark.errors import PySparkException
 
-    for source in config.inputs:
-        reader = spark.read.format(source.format).options(**source.options)
-        if source.schema is not None:
-            reader = reader.schema(source.schema)
-        try:
-            frame = reader.load(list(source.paths)) if source.paths else reader.load()
-        except (PySparkException, Py4JError) as error:
-            raise CriteriaJobError(
-                f"input {source.name!r}: cannot read it: {short(error)}"
-            ) from None
-        frame.createOrReplaceTempView(source.name)
+    reader = spark.read.format(source.format).options(**source.options)
+    if source.schema is not None:
+        reader = reader.schema(source.schema)
+    try:
+        return reader.load(list(source.paths)) if source.paths else reader.load()
+    except (PySparkException, Py4JError) as error:
+        raise CriteriaJobError(f"input {source.name!r}: cannot read it: {short(error)}") from None
 
 
 def run_job(
@@ -136,6 +146,7 @@ def _locked_run(
     started: float,
 ) -> Summary:
     from pyspark.errors import PySparkException
+    from pyspark.sql import functions as F
 
     from .frame import check_schema, code_tables, digest_of, prepare, shape
 
@@ -154,7 +165,7 @@ def _locked_run(
     columns = check_schema(frame)
     keys = tuple(name for name, _ in columns)
     kinds = [kind for _, kind in columns]
-    prepared, measured = cached(prepare(frame), **rules())
+    prepared, measured = cached(prepare(frame), **rules(), field=F.max(F.octet_length("field")))
     try:
         read = measured["rows"]
         progress(f"criteria query: {read:,} listeners")
@@ -182,8 +193,9 @@ def _locked_run(
             size_batches(spark, config, None)
             return _incremental(config, spark, store, shaped, live, read, progress, started)
         digests = prepared.select("field", digest_of(kinds).alias("digest"))
+        sizes = (read, measured["field"] or 0)
         return _full(
-            config, spark, store, shaped, digests, live, keys, codes, read, progress, started
+            config, spark, store, shaped, digests, live, keys, codes, sizes, progress, started
         )
     finally:
         prepared.unpersist()
@@ -198,25 +210,25 @@ def _full(
     live: Live | None,
     keys: tuple[str, ...],
     codes: Codes | None,
-    read: int,
+    sizes: tuple[int, int],
     progress: Callable[[str], None],
     started: float,
 ) -> Summary:
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     from .frame import entries
 
+    read, longest_field = sizes  # the listeners, the bytes of the longest id
+
     buckets = config.buckets or bucket_count(read, config.listeners_per_bucket)
     # The commands are made (and cached) before the writers start: while Redis is written to,
     # the JVM only hands them over.
-    rows, sizes = cached(
-        entries(shaped, buckets),
-        value=F.max("size"),
-        entry=F.max(F.octet_length("entry")),
-    )
+    rows = entries(shaped, buckets).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        size_batches(spark, config, (sizes["entry"] or 0) + ENTRY_FRAMING)
-        longest = sizes["value"] or 0
+        # an aggregate over the cache (observing it while the cache is made cost more)
+        longest = int(rows.agg(F.max("size")).collect()[0][0] or 0)
+        size_batches(spark, config, longest + longest_field + ENTRY_FRAMING)
         progress(f"commands made: values of up to {longest:,} bytes")
         warn_listpack(store, {"longest": longest}, config, progress)
         return _write_full(
