@@ -416,6 +416,26 @@ def test_a_bad_query_fails_naming_the_column_and_leaves_the_live_snapshot_alone(
     assert_untouched(client, namespace, live)
 
 
+def test_an_input_that_cannot_be_read_is_named_among_inputs_opened_together(
+    spark: SparkSession,
+    server: RedisServer,
+    client: redis.Redis,
+    parquet: Path,
+    tmp_path: Path,
+    namespace: str,
+) -> None:
+    live = fake_live(client, namespace)
+    inputs = [
+        *_parquet(parquet, "users", "roles"),
+        {"name": "missing", "format": "parquet", "path": str(tmp_path / "nowhere.parquet")},
+        *_parquet(parquet, "memberships"),
+    ]
+    document = job_config(server.url, QUERY, inputs, namespace)
+    with pytest.raises(CriteriaJobError, match="input 'missing': cannot read it"):
+        run(document, spark)
+    assert_untouched(client, namespace, live)
+
+
 def test_a_run_that_fails_while_writing_leaves_the_live_snapshot_alone(
     spark: SparkSession, server: RedisServer, client: redis.Redis, parquet: Path, namespace: str
 ) -> None:
