@@ -50,16 +50,15 @@ def cached(frame: DataFrame, **measures: Column) -> tuple[DataFrame, dict[str, A
     from pyspark.sql import Observation
 
     observation = Observation()  # a name of its own: a session may run the job again
-    if measures:
-        frame = frame.observe(observation, *(c.alias(name) for name, c in measures.items()))
-    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+    observed = frame.observe(observation, *(c.alias(name) for name, c in measures.items()))
+    frame = observed.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         rows = frame.count()
-        observed = observation.get if measures else {}
+        measured = observation.get
     except BaseException:
         frame.unpersist()
         raise
-    return frame, {**observed, "rows": rows}
+    return frame, {**measured, "rows": rows}
 
 
 def rules() -> dict[str, Column]:

@@ -193,9 +193,20 @@ def _locked_run(
             size_batches(spark, config, None)
             return _incremental(config, spark, store, shaped, live, read, progress, started)
         digests = prepared.select("field", digest_of(kinds).alias("digest"))
-        sizes = (read, measured["field"] or 0)
+        longest_id = measured["field"] or 0
         return _full(
-            config, spark, store, shaped, digests, live, keys, codes, sizes, progress, started
+            config,
+            spark,
+            store,
+            shaped,
+            digests,
+            live,
+            keys,
+            codes,
+            read,
+            longest_id,
+            progress,
+            started,
         )
     finally:
         prepared.unpersist()
@@ -210,7 +221,8 @@ def _full(
     live: Live | None,
     keys: tuple[str, ...],
     codes: Codes | None,
-    sizes: tuple[int, int],
+    read: int,
+    longest_id: int,
     progress: Callable[[str], None],
     started: float,
 ) -> Summary:
@@ -219,8 +231,6 @@ def _full(
 
     from .frame import entries
 
-    read, longest_field = sizes  # the listeners, the bytes of the longest id
-
     buckets = config.buckets or bucket_count(read, config.listeners_per_bucket)
     # The commands are made (and cached) before the writers start: while Redis is written to,
     # the JVM only hands them over.
@@ -228,7 +238,7 @@ def _full(
     try:
         # an aggregate over the cache (observing it while the cache is made cost more)
         longest = int(rows.agg(F.max("size")).collect()[0][0] or 0)
-        size_batches(spark, config, longest + longest_field + ENTRY_FRAMING)
+        size_batches(spark, config, longest + longest_id + ENTRY_FRAMING)
         progress(f"commands made: values of up to {longest:,} bytes")
         warn_listpack(store, {"longest": longest}, config, progress)
         return _write_full(
