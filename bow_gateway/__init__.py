@@ -4,19 +4,25 @@ Backends POST messages that carry an audience; sockets authenticate with a token
 reaches exactly the sockets whose criteria match its audience.
 """
 
-from .plugins import (
-    AsyncClosable,
-    CreateCriteriaFromListenerDetails,
-    CreateListenerDetailsFromToken,
-    CreateMessageFromPublish,
-    CreateMessageFromRequest,
-    CreateMessageFromRequestBody,
-    Enrich,
-    HealthCheck,
-    InboundRequest,
-    WatchesCriteria,
-)
-from .server import Bow
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .plugins import (
+        AsyncClosable,
+        CreateCriteriaFromListenerDetails,
+        CreateListenerDetailsFromToken,
+        CreateMessageFromPublish,
+        CreateMessageFromRequest,
+        CreateMessageFromRequestBody,
+        Enrich,
+        HealthCheck,
+        InboundRequest,
+        WatchesCriteria,
+    )
+    from .server import Bow
 
 __all__ = [
     "AsyncClosable",
@@ -32,3 +38,19 @@ __all__ = [
     "WatchesCriteria",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """The public names, imported at their first use (PEP 562): the command line's clients and
+    the criteria job start without the gateway's server modules."""
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(
+        importlib.import_module(".server" if name == "Bow" else ".plugins", __name__), name
+    )
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -44,7 +44,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from marshmallow import Schema, fields
 
@@ -52,25 +52,19 @@ from .config import _ConfigSchema, _HttpsSchema, load_config
 from .plugin_tables import PLUGIN_KEYS, importable, naming, read_plugins
 from .plugins import EnricherPlugin, HealthCheck, InboundPlugin, MiddlewarePlugin, OutboundPlugin
 from .server import Bow
+from .standalone_defaults import (
+    DEFAULT_HOST,
+    DEFAULT_INBOUND_PATH,
+    DEFAULT_PORT,
+    DEFAULT_USERNAME,
+    DEFAULT_VERSION,
+    DEV_INBOUND_PASSWORD,
+    DEV_JWT_SECRET,
+    DOCUMENTED_SECRETS,
+    JWT_SECRET_ENV,
+)
 
 logger = logging.getLogger("bow_gateway.standalone")
-
-DEV_JWT_SECRET: Final = "bow-gateway-development-secret-change-me"
-"""The embedded default's JWT secret when ``BOW_JWT_SECRET`` is not set: documented, so public."""
-DEV_INBOUND_PASSWORD: Final = "change-me"
-"""The embedded default's inbound password when ``BOW_INBOUND_PASSWORD`` is not set."""
-DOCUMENTED_SECRETS: Final = frozenset(
-    {DEV_JWT_SECRET, DEV_INBOUND_PASSWORD, "CHANGE-ME", "CHANGE-ME-TO-AT-LEAST-32-RANDOM-BYTES"}
-)
-"""Secrets anyone can read in this project: the embedded default's, deploy/'s placeholders."""
-JWT_SECRET_ENV: Final = "BOW_JWT_SECRET"
-CONFIG_ENV: Final = "BOW_CONFIG"
-
-DEFAULT_PORT: Final = 8080
-DEFAULT_HOST: Final = "127.0.0.1"
-DEFAULT_USERNAME: Final = "pusher"
-DEFAULT_INBOUND_PATH: Final = "/v1/messages"
-DEFAULT_VERSION: Final = "v1"
 
 
 @dataclass(frozen=True)

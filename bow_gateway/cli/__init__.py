@@ -6,16 +6,16 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Any, Final
 
 from .. import __version__
 from ..job.command import add_arguments as add_criteria_job_arguments
-from ..job.command import run_command as run_criteria_job
-from ..standalone import (
+from ..standalone_defaults import (
     CONFIG_ENV,
     DEFAULT_INBOUND_PATH,
     DEFAULT_PORT,
@@ -24,9 +24,7 @@ from ..standalone import (
     DEV_INBOUND_PASSWORD,
     DEV_JWT_SECRET,
     JWT_SECRET_ENV,
-    environment_variables,
 )
-from . import clients
 from .common import (
     DEFAULT_URL,
     EXAMPLE_AUDIENCE,
@@ -38,13 +36,8 @@ from .common import (
     positive_int,
 )
 from .history import add_arguments as add_history_arguments
-from .history import history as run_history
-from .listen import listen as run_listen
 from .listening import DEFAULT_PATHS, PROTOCOLS
 from .push import add_arguments as add_push_arguments
-from .push import push as run_push
-from .serve import serve as run_serve
-from .serve import tour
 
 __all__ = [
     "DEFAULT_URL",
@@ -56,13 +49,40 @@ __all__ = [
     "PASSWORD_ENV",
     "UsageError",
     "main",
-    "tour",
 ]
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
     def __init__(self, prog: str) -> None:
         super().__init__(prog, max_help_position=32)
+
+
+class _Parser(argparse.ArgumentParser):
+    """A parser whose epilog can be made when its help is printed (``epilog_of``): serve's
+    lists the settings' variables, read off the gateway's configuration schema."""
+
+    def __init__(
+        self, *args: Any, epilog_of: Callable[[], str] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.epilog_of = epilog_of
+
+    def format_help(self) -> str:
+        if self.epilog_of is not None:
+            self.epilog = self.epilog_of()
+        return super().format_help()
+
+
+def _later(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """The command ``name`` of ``module``, imported when it runs: a command imports only what it
+    needs (``criteria-job`` starts without the gateway's server, ``token`` without aiohttp)."""
+
+    def run(args: argparse.Namespace) -> int:
+        command: Callable[[argparse.Namespace], int]
+        command = getattr(importlib.import_module(module, __name__), name)
+        return command(args)
+
+    return run
 
 
 OPTIONAL_PARTS: Final = {
@@ -107,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="bow-gateway",
         formatter_class=_Formatter,
         description="A real-time push gateway: backends POST messages with an audience,\n"
@@ -131,14 +151,7 @@ def _parser() -> argparse.ArgumentParser:
         f"with ${JWT_SECRET_ENV}\n"
         f"(else the development secret {DEV_JWT_SECRET!r});\n"
         "criteria from the token's 'criteria' claim.",
-        epilog="Environment: every setting can come from a variable, which overrides the file:\n"
-        + textwrap.fill(
-            " ".join(environment_variables()), 88, initial_indent="  ", subsequent_indent="  "
-        )
-        + "\n"
-        f"  {CONFIG_ENV} (the config file)   {JWT_SECRET_ENV} (the embedded default's secret)\n"
-        "An annotated config file: deploy/gateway.example.toml in the repository.\n"
-        "Exit status: 0 once stopped, 2 for a bad configuration, 1 if it cannot listen.",
+        epilog_of=_serve_epilog,
     )
     serve.add_argument(
         "--config",
@@ -157,7 +170,7 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help="run N processes sharing the port, one gateway through Redis (WebSocket only)",
     )
-    serve.set_defaults(run=run_serve)
+    serve.set_defaults(run=_later(".serve", "serve"))
 
     token = commands.add_parser(
         "token",
@@ -183,7 +196,7 @@ def _parser() -> argparse.ArgumentParser:
         help="the token's lifetime: its exp claim is now + SECONDS, whole seconds; protocol-2 "
         "sockets are asked to re-authenticate then (default: 3600)",
     )
-    token.set_defaults(run=clients.token)
+    token.set_defaults(run=_later(".clients", "token"))
 
     listen = commands.add_parser(
         "listen",
@@ -262,7 +275,7 @@ def _parser() -> argparse.ArgumentParser:
         + ", ".join(f"{path} for {name}" for name, path in DEFAULT_PATHS.items())
         + ")",
     )
-    listen.set_defaults(run=run_listen)
+    listen.set_defaults(run=_later(".listen", "listen"))
 
     push = commands.add_parser(
         "push",
@@ -281,7 +294,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _url_option(push)
     add_push_arguments(push)
-    push.set_defaults(run=run_push)
+    push.set_defaults(run=_later(".push", "push"))
 
     history = commands.add_parser(
         "history",
@@ -296,7 +309,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _url_option(history)
     add_history_arguments(history)
-    history.set_defaults(run=run_history)
+    history.set_defaults(run=_later(".history", "history"))
 
     criteria_job = commands.add_parser(
         "criteria-job",
@@ -310,8 +323,23 @@ def _parser() -> argparse.ArgumentParser:
         "Exit status: 0 done, 1 the run failed (the live snapshot is untouched), 2 bad config.",
     )
     add_criteria_job_arguments(criteria_job)
-    criteria_job.set_defaults(run=run_criteria_job)
+    criteria_job.set_defaults(run=_later("..job.command", "run_command"))
     return parser
+
+
+def _serve_epilog() -> str:
+    from ..standalone import environment_variables
+
+    return (
+        "Environment: every setting can come from a variable, which overrides the file:\n"
+        + textwrap.fill(
+            " ".join(environment_variables()), 88, initial_indent="  ", subsequent_indent="  "
+        )
+        + "\n"
+        f"  {CONFIG_ENV} (the config file)   {JWT_SECRET_ENV} (the embedded default's secret)\n"
+        "An annotated config file: deploy/gateway.example.toml in the repository.\n"
+        "Exit status: 0 once stopped, 2 for a bad configuration, 1 if it cannot listen."
+    )
 
 
 def _url_option(parser: argparse.ArgumentParser) -> None:

@@ -14,10 +14,7 @@ import json
 import sys
 from typing import Any
 
-import aiohttp
-import socketio
-
-from ..standalone import DEFAULT_VERSION
+from ..standalone_defaults import DEFAULT_VERSION
 from .clients import json_object, mint, signing_secret
 from .common import UsageError, positive_int
 
@@ -68,6 +65,9 @@ def history(args: argparse.Namespace) -> int:
 
 
 async def _replay(address: str, token: str, request: dict[str, Any]) -> int:
+    import aiohttp  # here: the command line's parser imports this module
+    import socketio
+
     async with aiohttp.ClientSession() as session:
         client = socketio.AsyncClient(reconnection=False, handle_sigint=False, http_session=session)
 

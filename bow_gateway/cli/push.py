@@ -17,21 +17,22 @@ import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, Any, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 from urllib.parse import quote
 
-import aiohttp
-
-from ..standalone import DEFAULT_INBOUND_PATH, DEFAULT_USERNAME, DEV_INBOUND_PASSWORD
+from ..standalone_defaults import DEFAULT_INBOUND_PATH, DEFAULT_USERNAME, DEV_INBOUND_PASSWORD
 from .clients import json_value
 from .common import EXAMPLE_AUDIENCE, EXAMPLE_PAYLOAD, PASSWORD_ENV, UsageError, positive_int
+
+if TYPE_CHECKING:  # imported where used: the command line's parser imports this module
+    import aiohttp
 
 TOPIC_PATH: Final = "/api/message"
 """Where ``--topic`` posts without ``--path``: Gobbler's REST API."""
 HEADER_PREFIX: Final = "X-Gobbler-"
 BATCH_SIZE: Final = 1_000  # inbound.max_batch's default
 BATCH_BYTES: Final = 1_048_576  # inbound.max_body_size's default
-TIMEOUT: Final = aiohttp.ClientTimeout(total=10)
+TIMEOUT: Final = 10.0  # seconds for each request
 
 
 def add_arguments(push: argparse.ArgumentParser) -> None:
@@ -124,6 +125,8 @@ def push(args: argparse.Namespace) -> int:
                 flag = "--" + option.replace("_", "-")
                 goes = "goes with --topic" if mode == "json" else f"does not go with --{mode}"
                 raise UsageError(f"{flag} {goes}")
+    import aiohttp
+
     password = args.password or os.environ.get(PASSWORD_ENV) or DEV_INBOUND_PASSWORD
     auth = {"Authorization": aiohttp.encode_basic_auth(args.user, password)}
     base = args.url.rstrip("/")
@@ -184,7 +187,9 @@ def _topic_request(args: argparse.Namespace, base: str, auth: dict[str, str]) ->
 
 
 async def _post_one(request: Request) -> int:
-    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as session:
         answer = await _post(session, request)
     if answer is None:
         return 1
@@ -199,6 +204,8 @@ async def _post_one(request: Request) -> int:
 async def _post(session: aiohttp.ClientSession, request: Request) -> tuple[str, str] | None:
     """``("204 No Content", text)``, or ``None`` (said on stderr) when the gateway is out of
     reach."""
+    import aiohttp
+
     try:
         async with session.post(
             request.url, data=request.data, headers=request.headers, params=request.params
@@ -217,9 +224,11 @@ async def _post_batches(
     url: str, auth: dict[str, str], file: IO[bytes], size: int, max_bytes: int
 ) -> int:
     """Each batch of ``file`` in turn; stops at the first refusal, saying what was accepted."""
+    import aiohttp
+
     headers = {**auth, "Content-Type": "application/json"}
     accepted = requests = 0
-    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as session:
         try:
             for first, last, lines in _batches(file, size, max_bytes):
                 data = b"[" + b",".join(lines) + b"]"

@@ -15,16 +15,14 @@ from ..backplanes import BackplaneUnavailable
 from ..enrichers import EnricherInitError
 from ..logs import configure_logging
 from ..server import Bow
-from ..standalone import (
+from ..standalone import Settings, build_bow, load_settings
+from ..standalone_defaults import (
     DEFAULT_INBOUND_PATH,
     DEFAULT_USERNAME,
     DEFAULT_VERSION,
     DEV_INBOUND_PASSWORD,
     DEV_JWT_SECRET,
     JWT_SECRET_ENV,
-    Settings,
-    build_bow,
-    load_settings,
 )
 from ..workers import run_workers, worker_settings
 from .common import (

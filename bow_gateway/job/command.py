@@ -11,8 +11,6 @@ from collections.abc import Sequence
 from typing import IO, Final
 
 from .config import ConfigError, load_job_config
-from .run import CriteriaJobError, run_job
-from .spark import build_session
 
 CONFIG_ENV: Final = "BOW_CRITERIA_JOB_CONFIG"
 
@@ -54,6 +52,9 @@ def run_command(
     args: argparse.Namespace, out: IO[str] | None = None, err: IO[str] | None = None
 ) -> int:
     """Run the job as the command line asked; the exit status (0 done, 1 failed, 2 bad config)."""
+    from .run import CriteriaJobError, run_job  # here: bow-gateway's parser imports this module
+    from .spark import build_session
+
     out, err = out or sys.stdout, err or sys.stderr
     if not args.config:
         print(f"criteria-job: --config FILE is required (or ${CONFIG_ENV})", file=err)
