@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bow_gateway.job.config import ConfigError, load_job_config, parse_job_config
-from bow_gateway.job.spark import local_cores, short
+from bow_gateway.job.spark import driver_java_options, local_cores, short
 from bow_gateway.redis_client import redacted
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,13 +192,14 @@ def test_helpers() -> None:
 
 
 def test_local_spark_defaults_merge_the_file_s_java_options(tmp_path: Path) -> None:
-    from bow_gateway.job.spark import local_defaults
+    from bow_gateway.job.spark import C2_DIRECTIVES, local_defaults
 
     config = parse_job_config(document(spark={"conf": {"spark.sql.shuffle.partitions": "3"}}))
     assert local_defaults(2, config, warm=False) == {
         "spark.sql.shuffle.partitions": "4",  # the file's 3 goes on top in build_session
         "spark.sql.execution.useObjectHashAggregateExec": "false",
-        "spark.driver.extraJavaOptions": "-XX:+UseParallelGC -XX:TieredStopAtLevel=1",
+        "spark.driver.extraJavaOptions": "-XX:+UseParallelGC -XX:+UnlockDiagnosticVMOptions"
+        f" -XX:+DisplayVMOutputToStderr -XX:CompilerDirectivesFile={C2_DIRECTIVES}",
     }
     # on more cores, C2 compiles on cores the tasks leave free
     assert local_defaults(8, config)["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
@@ -214,3 +216,23 @@ def test_local_spark_defaults_merge_the_file_s_java_options(tmp_path: Path) -> N
         f"-XX:SharedArchiveFile={archive}"
         in local_defaults(2, config)["spark.driver.extraJavaOptions"]
     )
+
+
+def test_the_jvm_takes_the_compiler_directives_and_says_so_on_stderr_only() -> None:
+    # The JVM refuses to start on directives it cannot parse; it announces those it read on
+    # stdout, which is the job's own (its summary), unless told to use stderr.
+    import shutil
+    import subprocess
+
+    from bow_gateway.job.spark import C2_DIRECTIVES
+
+    java = shutil.which("java")
+    assert java is not None, "the criteria job needs Java 17+ (tests/install-system-packages.sh)"
+    options = driver_java_options(parse_job_config(document()), local=True, cores=2)
+    run = subprocess.run(
+        [java, *shlex.split(options), "-version"], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == ""
+    assert "2 compiler directives added" in run.stderr
+    assert C2_DIRECTIVES.is_file()

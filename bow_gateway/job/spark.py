@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import shlex
 import sys
 import threading
 from collections.abc import Mapping
@@ -115,23 +116,37 @@ def local_defaults(cores: int, config: JobConfig, *, warm: bool = True) -> dict[
 
 
 FEW_CORES: Final = 4
-"""Up to this many local cores, the driver JVM compiles with C1 only (see below)."""
+"""Up to this many local cores, the driver JVM compiles with C2 only the few methods that
+:data:`C2_DIRECTIVES` names, everything else with C1 (see below)."""
+C2_DIRECTIVES: Final = Path(__file__).with_name("c2_directives.json")
+"""HotSpot compiler directives: Unsafe's copies and Spark's unsafe rows, strings, sorters and
+cache builders are compiled with C2; everything else, Spark's generated code among it, with C1."""
 
 
 def driver_java_options(config: JobConfig, *, local: bool, cores: int | None = None) -> str:
-    """The driver JVM's options: the file's, then (locally) ParallelGC and, on few cores, C1
-    only, then the class archive."""
+    """The driver JVM's options: the file's, then (locally) ParallelGC and, on few cores, C2
+    for :data:`C2_DIRECTIVES` only, then the class archive."""
     java = config.spark_conf.get(JAVA_OPTIONS, "")
     options = [java] if java else []
     if local and not re.search(r"-XX:\+Use\w+GC", java):
         # G1's concurrent threads compete with the tasks on a small machine: a cold run of a
         # million listeners takes ~15% longer with it (2 cores).
         options.append("-XX:+UseParallelGC")
-    if local and cores is not None and cores <= FEW_CORES and not re.search(r"Tiered", java):
-        # C2 compiling Spark's generated code took ~40% of the JVM's CPU (15-20 of 37-48 s for a
-        # million listeners, 10-11 of 18-21 s for 10,000, on 2 cores): with C1 only, the tasks
-        # run slower but the whole stays the same for a million and halves for 10,000.
-        options.append("-XX:TieredStopAtLevel=1")
+    if (
+        local
+        and cores is not None
+        and cores <= FEW_CORES
+        and not re.search(r"Tiered|Directives", java)
+    ):
+        # C2 compiling Spark's generated code took ~40% of the JVM's CPU on 2 cores. With C1
+        # alone, Unsafe.copyMemory's own checks took 10-25% of the tasks' samples (C2 makes
+        # them intrinsics). C2 for the low-level methods only: a million listeners in ~0.89 of
+        # the time, 10,000 in ~1.2 (bench/README.md). The JVM says it read the directives on
+        # its stdout, the job's: on stderr instead.
+        options.append(
+            "-XX:+UnlockDiagnosticVMOptions -XX:+DisplayVMOutputToStderr"
+            f" -XX:CompilerDirectivesFile={shlex.quote(str(C2_DIRECTIVES))}"
+        )
     if config.class_archive is not None:
         options.append(class_archive(config.class_archive))
     return " ".join(options)
