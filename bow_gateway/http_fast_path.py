@@ -56,7 +56,7 @@ MAX_PENDING: Final = 262_144
 _HEAD: Final = re.compile(
     rb"POST (/[!-~]*) HTTP/1\.1\r\n((?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n)*)"
 )
-_FIELD: Final = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([^\r]*?)[ \t]*\r\n")
+_FIELD: Final = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([^\r]*)\r\n")
 _HANDED: Final = frozenset({b"expect", b"transfer-encoding", b"content-encoding", b"upgrade"})
 _ONCE: Final = frozenset({b"content-length", b"content-type", b"authorization", b"connection"})
 
@@ -177,6 +177,7 @@ class FastConnection(asyncio.Protocol):
                     self._hand_off()
                     return
                 seen.add(name)
+                value = value.rstrip(b" \t")  # a greedy match keeps them: faster than a lazy one
                 if name == b"content-length":
                     length = int(value) if value.isdigit() and len(value) < 16 else -1
                 elif name == b"content-type":

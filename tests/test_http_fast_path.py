@@ -335,3 +335,25 @@ async def test_plain_posts_stay_on_the_fast_path_until_another_request_comes(
     await connection.send(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert (await connection.response())[0] == 200
     assert not fast_path.connections  # aiohttp's now
+
+
+async def test_blanks_around_header_values_are_not_part_of_them(
+    gateway: Bow, connect: Callable[[], Awaitable[Connection]]
+) -> None:
+    """RFC 9112's optional whitespace: the fast path reads the values without it (it keeps the
+    request, and credentials, a length and a type with blanks around mean what they say)."""
+    fast_path = gateway._fast_paths[0][0]
+    connection = await connect()
+    await connection.send(
+        post(
+            Content_Type=" \tapplication/json \t",
+            Authorization=f"  {AUTH['Authorization']}\t ",
+            Content_Length=f"{len(MESSAGE)}  ",
+            Connection="keep-alive\t",
+        )
+    )
+    assert (await connection.response())[0] == 204
+    assert len(fast_path.connections) == 1  # answered on the fast path, still its
+    await connection.send(post(Content_Length=f" {len(MESSAGE)} x"))
+    assert (await connection.response())[0] == 400  # not a length: aiohttp's answer
+    assert not fast_path.connections
