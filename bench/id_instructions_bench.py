@@ -34,7 +34,7 @@ from _redis import RedisServer, free_port
 from instructions_bench import TOTALS, compare, control
 
 HARNESS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "bow-compare"
-AUTHORIZATION = aiohttp.BasicAuth("pusher", "secret").encode()
+AUTHORIZATION = aiohttp.encode_basic_auth("pusher", "secret")
 
 
 def start(
