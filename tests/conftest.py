@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -12,6 +13,10 @@ import pytest
 from bow_gateway import Bow
 
 from .support import AUTH, PATH, Gateway, Listener, standard_bow, token
+
+# Every Python the tests start (`python -m bow_gateway` from the repository's root, say) imports
+# the installed bow_gateway, not the tree's: the working directory is kept off its sys.path.
+os.environ["PYTHONSAFEPATH"] = "1"
 
 
 @pytest.fixture

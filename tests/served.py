@@ -16,7 +16,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-PYTHON = (sys.executable, "-m", "bow_gateway")
+# The console script users run, beside this Python: unlike `python -m bow_gateway` started in
+# the repository's root, it never imports the tree's bow_gateway/.
+BOW_GATEWAY = (str(Path(sys.executable).with_name("bow-gateway")),)
 
 
 def free_port() -> int:
@@ -94,7 +96,7 @@ def serve(folder: Path, *args: str, **env: str) -> Iterator[Served]:
         open(folder / f"serve-{port}.stdout", "wb") as out,
         open(stderr, "wb") as err,
         subprocess.Popen(
-            [*PYTHON, "serve", "--port", str(port), *args],
+            [*BOW_GATEWAY, "serve", "--port", str(port), *args],
             stdout=out,
             stderr=err,
             env=clean_env(**env),

@@ -21,9 +21,7 @@ import asyncpg
 import pytest
 import redis
 from bow_gateway.middlewares.precomputed import PrecomputedCriteria
-from pyspark.sql import SparkSession
-
-from bench.criteria_data import (
+from criteria_data import (
     QUERY,
     Dataset,
     churn,
@@ -31,7 +29,9 @@ from bench.criteria_data import (
     generate,
     write_parquet,
 )
-from bench.criteria_data import write_postgres as load_postgres
+from criteria_data import write_postgres as load_postgres
+from pyspark.sql import SparkSession
+
 from bow_gateway import Bow
 from bow_gateway.cli import main as cli_main
 from bow_gateway.criteria_snapshot import Layout, Live, id_field, parse_change

@@ -13,9 +13,7 @@ from typing import Any
 
 import pytest
 from bow_gateway.middlewares.precomputed import PrecomputedCriteria
-from pyspark.sql import SparkSession
-
-from bench.criteria_data import (
+from criteria_data import (
     QUERY,
     WIDE_QUERY,
     churn,
@@ -25,6 +23,8 @@ from bench.criteria_data import (
     generate_wide,
     write_parquet,
 )
+from pyspark.sql import SparkSession
+
 from bow_gateway.config import load_config
 from bow_gateway.criteria_snapshot import Layout, Live, id_field, parse_change
 from bow_gateway.job.config import load_job_config, parse_job_config

@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 import redis
+from criteria_data import QUERY, churn, expected_criteria, generate, write_parquet
 
-from bench.criteria_data import QUERY, churn, expected_criteria, generate, write_parquet
 from bow_gateway.criteria_snapshot import Layout, Live, id_field, parse_change
 from bow_gateway.job.config import load_job_config, parse_job_config
 from bow_gateway.job.spark import APP_NAME, executor_python
 
 from .redis_server import RedisServer
+from .served import BOW_GATEWAY
 from .spark_standalone import SparkStandalone, spark_environment
 
 LISTENERS = 2000
@@ -82,7 +83,7 @@ def run_command(config: Path, master: str, folder: Path, incremental: bool = Fal
     """``bow-gateway criteria-job`` in a process of its own; its summary."""
     environment = spark_environment(folder)
     environment.pop("PYSPARK_PYTHON", None)  # the job file says which Python
-    command = [sys.executable, "-m", "bow_gateway", "criteria-job", "--config", str(config)]
+    command = [*BOW_GATEWAY, "criteria-job", "--config", str(config)]
     command += ["--master", master, *(["--incremental"] if incremental else [])]
     done = subprocess.run(
         command, env=environment, capture_output=True, text=True, timeout=240, check=False
@@ -186,7 +187,7 @@ def test_executors_whose_python_lacks_pyarrow_fail_naming_that_python(tmp_path: 
             f'[spark.conf]\n"spark.ui.enabled" = "false"\n'
             f'"spark.pyspark.python" = "{bare}/bin/python"\n'
         )
-        command = [sys.executable, "-m", "bow_gateway", "criteria-job", "--config", str(path)]
+        command = [*BOW_GATEWAY, "criteria-job", "--config", str(path)]
         command += ["--master", "local[1]"]
         done = subprocess.run(
             command, env=spark_environment(tmp_path), capture_output=True, text=True, timeout=240

@@ -32,7 +32,7 @@ import aiohttp
 import pytest
 
 from .redis_server import RedisServer
-from .served import clean_env, free_port, wait_for_health
+from .served import BOW_GATEWAY, clean_env, free_port, wait_for_health
 from .support import SECRET, Listener, token
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -207,7 +207,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             log = directory / f"gateway-{number}.log"
             output = cleanup.enter_context(open(log, "wb"))
             process = subprocess.Popen(
-                [sys.executable, "-m", "bow_gateway", "serve", "--port", str(port)],
+                [*BOW_GATEWAY, "serve", "--port", str(port)],
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 env=env,

@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -23,9 +22,9 @@ import pytest
 import socketio
 
 from .redis_server import RedisServer, free_port
+from .served import BOW_GATEWAY
 from .support import AUTH, PASSWORD, SECRET, Listener, token
 
-PYTHON = [sys.executable, "-m", "bow_gateway"]
 INBOUND = "/v1/messages"  # the embedded default's pass-through inbound
 VERSION = "v1"  # ... its JWT outbound, whose criteria are the token's "criteria" claim
 MARKER = "marker"
@@ -55,7 +54,7 @@ class Gateway:
         self.log = log
         self._out: IO[bytes] = open(log, "wb")  # closed by stop() or kill()
         self.process = subprocess.Popen(
-            [*PYTHON, "serve", "--port", str(self.port), *args],
+            [*BOW_GATEWAY, "serve", "--port", str(self.port), *args],
             stdout=self._out,
             stderr=subprocess.STDOUT,
             env=env,

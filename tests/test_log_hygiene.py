@@ -8,7 +8,6 @@ import base64
 import json
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -20,7 +19,7 @@ import pytest
 import socketio
 from bow_gateway.outbounds.jwt import mint
 
-from .served import free_port, send_raw
+from .served import BOW_GATEWAY, free_port, send_raw
 from .support import SECRET
 
 PASSWORD = "pw-Q7x9-never-log-me-4f2b"
@@ -49,7 +48,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
         open(out, "wb") as stdout,
         open(err, "wb") as stderr,
         subprocess.Popen(
-            [sys.executable, "-m", "bow_gateway", "serve", "--port", str(port)],
+            [*BOW_GATEWAY, "serve", "--port", str(port)],
             stdout=stdout,
             stderr=stderr,
             env=env,
@@ -201,7 +200,10 @@ async def test_serve_warns_when_a_config_file_keeps_the_documented_password(
     example = Path(__file__).resolve().parent.parent / "deploy" / "gateway.example.toml"
     env = {"PATH": "/usr/bin:/bin", "BOW_JWT_SECRET": SECRET, "BOW_PORT": str(free_port())}
     process = await asyncio.create_subprocess_exec(
-        *[sys.executable, "-m", "bow_gateway", "serve", "--config", str(example)],
+        *BOW_GATEWAY,
+        "serve",
+        "--config",
+        str(example),
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
         env=env,

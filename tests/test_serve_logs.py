@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import socketio
 
-from .served import PYTHON, Served, clean_env, send_raw, serve
+from .served import BOW_GATEWAY, Served, clean_env, send_raw, serve
 from .support import SECRET, token
 
 PASSWORD = "a-password-of-our-own"
@@ -231,7 +231,7 @@ async def test_a_failure_to_start_is_a_json_line_too(tmp_path: Path) -> None:
     with taken:
         for what, (args, code, says) in runs.items():
             process = await asyncio.create_subprocess_exec(
-                *PYTHON, "serve", *args, stdout=PIPE, stderr=PIPE, env=clean_env()
+                *BOW_GATEWAY, "serve", *args, stdout=PIPE, stderr=PIPE, env=clean_env()
             )
             _, err = await asyncio.wait_for(process.communicate(), 20)
             assert process.returncode == code, (what, err)

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pyspark
 
+import bow_gateway.seams
 from bow_gateway.job.config import parse_job_config
 from bow_gateway.job.spark import WARM_DAEMON, WORKER_PATH, local_defaults
 
-FOLDER = Path(__file__).resolve().parent.parent / "bow_gateway" / "seams" / "spark_daemon"
+FOLDER = Path(bow_gateway.seams.__file__).parent / "spark_daemon"  # as installed
 
 PROBE = """
 import json, sys, threading
