@@ -199,6 +199,85 @@ async def test_replay_shows_only_what_the_criteria_of_now_match(
     assert sequences(messages) == [1, 3, 5, 7, 9]
 
 
+async def fill_with_one_hidden(gateway: Gateway, hidden: int, count: int = 4) -> None:
+    """``count`` messages to the room, message ``hidden`` to another room (not the listener's)."""
+    for n in range(1, count + 1):
+        await say(gateway, n, audience=[{"room": 2}] if n == hidden else MEMBERS)
+
+
+async def test_fetch_start_counts_only_what_the_criteria_let_through(
+    gateway: Gateway, open_client: Open
+) -> None:
+    """Guards against ``#fetch-start`` counting the stored range (4) instead of the 3 messages
+    that follow, which also told the listener that a message it may not see exists."""
+    await fill_with_one_hidden(gateway, hidden=3)
+    client = await open_client()
+    start, messages, _ = await client.fetch(f"+ {ROOM} 0")
+    assert sequences(messages) == [1, 2, 4]
+    assert start.text == f"{ROOM} 3"
+
+
+async def test_fetch_start_of_the_last_n_counts_only_what_follows(
+    gateway: Gateway, open_client: Open
+) -> None:
+    """Guards against ``+ path -4`` announcing 4 (the last 4 stored) when one is hidden."""
+    await fill_with_one_hidden(gateway, hidden=3, count=6)
+    client = await open_client()
+    start, messages, _ = await client.fetch(f"+ {ROOM} -4")
+    assert sequences(messages) == [4, 5, 6]
+    assert start.text == f"{ROOM} 3"
+
+
+async def test_fetch_start_of_a_range_past_the_end_counts_only_what_follows(
+    gateway: Gateway, open_client: Open
+) -> None:
+    """Guards against ``+ path 3 100`` announcing the 2 stored from 3 on when one is hidden."""
+    await fill_with_one_hidden(gateway, hidden=4)
+    client = await open_client()
+    start, messages, _ = await client.fetch(f"+ {ROOM} 3 100")
+    assert sequences(messages) == [3]
+    assert start.text == f"{ROOM} 1"
+
+
+async def test_fetch_start_is_zero_when_the_listener_may_see_nothing_in_the_range(
+    gateway: Gateway, open_client: Open
+) -> None:
+    """Guards against ``#fetch-start path 2`` followed by no message at all (an empty fetch)."""
+    for n in range(1, 3):
+        await say(gateway, n, audience=[{"room": 2}])
+    client = await open_client()
+    start, messages, _ = await client.fetch(f"+ {ROOM} 0 10")
+    assert (start.text, messages) == (f"{ROOM} 0", [])
+
+
+async def test_fetch_start_leaves_out_what_is_past_the_history_filters_max_age(
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
+    """Guards against counting messages still stored but past the max_age of the ``[[history]]``
+    filter keeping the topic, which the fetch skips."""
+    gateway = await serve(gobbler_bow(history=[{"filter": "/chat/#", "max_age": 0.3}]))
+    await fill(gateway, 3)
+    await asyncio.sleep(0.5)
+    client = await GobblerClient.open(http, gateway.url, token("U1", {"room": 1}))
+    await client.status("#ok-connected")
+    start, messages, _ = await client.fetch(f"+ {ROOM} 0 10")
+    await client.close()
+    assert (start.text, messages) == (f"{ROOM} 0", [])
+
+
+async def test_fetch_start_of_a_path_counts_none_of_its_subtopics(
+    gateway: Gateway, open_client: Open
+) -> None:
+    """The subscription's topic filter (``/chat/room1/#``) takes subtopics live, but a fetch
+    reads the path's own history only, and its count says so (guards the count's scope)."""
+    await say(gateway, 1)
+    await say(gateway, 2, "/chat/room1/typing")
+    client = await open_client()
+    start, messages, _ = await client.fetch(f"+ {ROOM} 0")
+    assert [(message.path, message.body) for message in messages] == [(ROOM, "message 1")]
+    assert start.text == f"{ROOM} 1"
+
+
 async def test_a_fetch_joins_live_delivery_without_a_gap_or_a_repeat(
     gateway: Gateway, open_client: Open
 ) -> None:
@@ -265,6 +344,16 @@ async def test_a_refused_send_is_an_error_send(gateway: Gateway, open_client: Op
     await client.send("> /closed/room m2\nHello")
     refused = await client.status("!error-send")
     assert refused.text.startswith("m2 ") and "/closed/room is closed" in refused.text
+
+
+async def test_a_refused_send_invents_no_sequence_id(gateway: Gateway, open_client: Open) -> None:
+    """Guards against ``!error-send`` carrying ``"sequenceId": "0"``: nothing was kept, so
+    there is no sequence to give (a client could take 0 for one)."""
+    client = await open_client()
+    await client.send("> /closed/room m2\nHello")
+    refused = await client.status("!error-send")
+    assert "sequenceId" not in refused.data
+    assert refused.data["path"] == "/closed/room" and refused.data["publisherMessageId"] == "m2"
 
 
 async def test_a_rest_publish_reaches_subscribers_with_its_headers(

@@ -2,7 +2,8 @@
 
 - ``+ path`` subscribes to ``path`` and its subtopics, live (``#subscribed-to path``);
 - ``+ path start`` replays ``path``'s history from ``start`` (a sequence; 0: the oldest kept; a
-  negative count: the last ones), ``#fetch-start path count`` to ``#fetch-done path``, and
+  negative count: the last ones), ``#fetch-start path count`` (exactly the messages that
+  follow, those the listener may see) to ``#fetch-done path``, and
   subscribes, live from ``#fetch-done`` on: nothing missed between the two, nothing twice;
 - ``+ path start count`` replays at most ``count`` and stops (no subscription); ``start,count``
   is read as ``start count``;
@@ -10,7 +11,7 @@
 - ``> path [publisherMessageId]``, then optional header lines (one JSON object, or ``Name: value``
   lines ended by an empty line) and the body: published through the outbound's
   ``create_message_from_publish`` with Gobbler's fields (``#send id`` with the sequence, or
-  ``!error-send id why``).
+  ``!error-send id why`` with none: a refused message has no sequence).
 
 Anything else is ``!error-bad-request``. A replay is filtered by the connection's criteria of now
 and written as fast as the client reads it.
@@ -23,6 +24,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any, Final
 
+from ..backplanes import Stored
 from ..message import dumps
 from ..seams import websocket_frame
 from ..topics import parse_filter
@@ -90,7 +92,7 @@ class Commands:
             topics.add(connection, _filter(path))
             self._write(connection, status("#subscribed-to", path))
             return
-        history = outbound.topic_history
+        mark = None
         if live:
             # From now on, live messages of the path wait behind the replay; it replays only
             # what this instance had delivered by now (``mark``): the rest comes live.
@@ -99,21 +101,13 @@ class Commands:
             mark = outbound.history.last
         sent = 0
         try:
-            begin, most = (0, 0) if history is None else await history.span(path, start, count)
-            self._send_now(connection, status("#fetch-start", f"{path} {most}"))
-            if history is not None and most:
-
-                def past_mark(stored: Any) -> bool:
-                    return bool(live and mark and outbound.history.is_after(stored.position, mark))
-
-                replayed = history.replay(outbound, connection, path, begin, most, until=past_mark)
-                async for event in replayed:
-                    await self._room(connection)
-                    if connection.closing is not None or not self._send_now(
-                        connection, connection.codec.replayed(event, "")
-                    ):
-                        return
-                    sent += 1
+            frames = await self._fetched(connection, path, start, count, mark)
+            self._send_now(connection, status("#fetch-start", f"{path} {len(frames)}"))
+            for frame in frames:
+                await self._room(connection)
+                if not self._send_now(connection, frame):
+                    return
+                sent += 1
             self._send_now(connection, status("#fetch-done", path))
             if live:
                 self._send_now(connection, status("#subscribed-to", path))
@@ -127,7 +121,24 @@ class Commands:
         finally:
             if live and connection.closing is None:
                 await outbound.writer.replay(connection)  # what came live meanwhile, in order
-        outbound.metrics.replayed.inc(sent)
+            outbound.metrics.replayed.inc(sent)
+
+    async def _fetched(
+        self, connection: Connection, path: str, start: int, count: int | None, mark: str | None
+    ) -> list[bytes]:
+        """The frames a fetch replays, read and filtered (criteria of now, age, ``mark``) before
+        ``#fetch-start``, whose count must be exactly theirs: what the listener may see, no more."""
+        outbound = self._outbound
+        history = outbound.topic_history
+        if history is None:
+            return []
+        begin, most = await history.span(path, start, count)
+
+        def past_mark(stored: Stored) -> bool:
+            return mark is not None and outbound.history.is_after(stored.position, mark)
+
+        replayed = history.replay(outbound, connection, path, begin, most, until=past_mark)
+        return [connection.codec.replayed(event, "") async for event in replayed]
 
     def _send_now(self, connection: Connection, frame: bytes) -> bool:
         """Write ahead of what waits behind a replay (the replay's own frames)."""
@@ -177,8 +188,8 @@ class Commands:
                 )
             except PublishRefused as error:
                 why = str(error)
+        # Gobbler's send notifications: the refusal has no sequence, since nothing was kept.
         data = {
-            "sequenceId": str(sequence or 0),
             "path": path,
             "publisherMessageId": message_id,
             "messagePublishingTime": str(int(time.time())),
@@ -190,7 +201,8 @@ class Commands:
             self._write(connection, status("!error-send", f"{message_id} {why}".strip(), data))
         else:
             assert position is not None
-            self._write(connection, status("#send", message_id, data))
+            sent = {"sequenceId": str(sequence or 0), **data}
+            self._write(connection, status("#send", message_id, sent))
 
 
 def _path(text: str) -> str:
