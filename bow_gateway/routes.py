@@ -112,6 +112,7 @@ def build_app(
             limits,
             max_incoming_bytes=config.max_incoming_bytes,
             max_publishes_per_second=config.max_publishes_per_second,
+            cors_origins=config.cors_origins,
         )
         auth.add(app, "GET", config.flywheel_path, flywheel.handle)
     if config.gobbler_path is not None:
@@ -120,6 +121,7 @@ def build_app(
             limits,
             max_incoming_bytes=config.max_incoming_bytes,
             max_publishes_per_second=config.max_publishes_per_second,
+            cors_origins=config.cors_origins,
         )
         auth.add(app, "GET", config.gobbler_path, gobbler.handle)
     auth.seal(app)  # the catch-all route; no route without credentials but the open ones

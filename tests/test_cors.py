@@ -177,6 +177,75 @@ async def test_an_upgrade_to_websocket_checks_the_origin_too(
     assert refused.value.status == 400
 
 
+# The plain-WebSocket endpoints follow Socket.IO's rule, but refuse with 403 and say why.
+PLAIN_WEBSOCKETS = ["/broker", "/gobbler"]
+
+
+async def plain_websocket_opens(websocket: aiohttp.ClientWebSocketResponse, path: str) -> None:
+    """Assert the connection works: a Flywheel bind is answered, Gobbler says it is connected."""
+    if path == "/broker":
+        bind = {"auth": {"type": "Bearer", "token": token("USER/1")}, "subscribe": ["#"]}
+        await websocket.send_str("B " + json.dumps(bind))
+        answer = await websocket.receive_str(timeout=5)
+        assert answer.startswith("B ") and json.loads(answer[2:])["errors"] == [], answer
+    else:
+        assert (await websocket.receive_str(timeout=5)).startswith("#ok-connected")
+
+
+@pytest.mark.parametrize("path", PLAIN_WEBSOCKETS)
+@pytest.mark.parametrize(("cors_origins", "origin", "allowed"), CASES)
+async def test_plain_websocket_handshake_checks_the_origin(
+    start_bow: StartBow,
+    http: aiohttp.ClientSession,
+    path: str,
+    cors_origins: Any,
+    origin: str | None,
+    allowed: bool,
+) -> None:
+    bow = await gateway(start_bow, cors_origins)
+    origin = f"http://127.0.0.1:{bow.port}" if origin == SAME else origin
+    url = f"ws://127.0.0.1:{bow.port}{path}?v=v1.3&token={token('USER/1')}"
+    if not allowed:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(url, origin=origin)
+        assert refused.value.status == 403
+        assert bow._outbound is not None and bow._outbound.open_connections == 0
+        return
+    async with http.ws_connect(url, origin=origin) as websocket:
+        await plain_websocket_opens(websocket, path)
+
+
+@pytest.mark.parametrize("path", PLAIN_WEBSOCKETS)
+async def test_a_refused_origin_is_told_in_the_answer(
+    start_bow: StartBow, http: aiohttp.ClientSession, path: str
+) -> None:
+    bow = await gateway(start_bow, [APP])
+    async with http.get(
+        f"http://127.0.0.1:{bow.port}{path}?v=v1.3", headers={"Origin": EVIL}
+    ) as response:
+        assert response.status == 403
+        answer = await response.json()
+    assert answer["reason"] == "bad_request"
+    assert answer["text"] == f"origin {EVIL} is not allowed (outbound.cors_origins)"
+
+
+@pytest.mark.parametrize("path", PLAIN_WEBSOCKETS)
+async def test_the_gateways_own_origin_behind_a_proxy_may_connect(
+    start_bow: StartBow, http: aiohttp.ClientSession, path: str
+) -> None:
+    """As Socket.IO's: the origin a proxy forwarded (X-Forwarded-Proto, -Host) is its own."""
+    bow = await gateway(start_bow)
+    url = f"ws://127.0.0.1:{bow.port}{path}?v=v1.3&token={token('USER/1')}"
+    forwarded = {"X-Forwarded-Proto": "https", "X-Forwarded-Host": "push.example.com"}
+    async with http.ws_connect(
+        url, origin="https://push.example.com", headers=forwarded
+    ) as websocket:
+        await plain_websocket_opens(websocket, path)
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await http.ws_connect(url, origin="https://push.example.com")
+    assert refused.value.status == 403
+
+
 async def test_other_endpoints_send_no_cors_headers(
     start_bow: StartBow, http: aiohttp.ClientSession
 ) -> None:
@@ -214,6 +283,23 @@ PAGE = """<!doctype html>
       state.connected = true;
       socket.emit("authenticate", params.get("token"), () => (state.authenticated = true));
     });
+</script>
+"""
+
+PLAIN_PAGE = """<!doctype html>
+<meta charset="utf-8">
+<title>bow_gateway cross-origin test: a plain WebSocket</title>
+<script>
+  const params = new URLSearchParams(location.search);
+  const state = (window.state = { opened: false, closed: null, errors: [], frames: [] });
+  const ws = new WebSocket(params.get("url"));
+  ws.onopen = () => {
+    state.opened = true;
+    if (params.get("bind")) ws.send("B " + params.get("bind"));
+  };
+  ws.onerror = () => state.errors.push("websocket error");
+  ws.onmessage = (e) => state.frames.push(e.data);
+  ws.onclose = (e) => (state.closed = e.code);
 </script>
 """
 
@@ -315,7 +401,8 @@ async def _until_ready(http: aiohttp.ClientSession, driver: subprocess.Popen[byt
 
 @pytest.fixture
 async def page_origin() -> AsyncIterator[str]:
-    """A second web server, another origin than the gateway's: the page and the client bundle.
+    """A second web server, another origin than the gateway's: the pages (Socket.IO's at ``/``,
+    a plain WebSocket's at ``/plain``) and the client bundle.
 
     ``socket.io.min.js`` is socket.io-client's browser bundle, vendored (tests/browser/README.md).
     """
@@ -328,8 +415,12 @@ async def page_origin() -> AsyncIterator[str]:
     async def script(request: web.Request) -> web.Response:
         return web.Response(body=bundle.read_bytes(), content_type="application/javascript")
 
+    async def plain(request: web.Request) -> web.Response:
+        return web.Response(text=PLAIN_PAGE, content_type="text/html")
+
     app = web.Application()
     app.router.add_get("/", page)
+    app.router.add_get("/plain", plain)
     app.router.add_get("/socket.io.min.js", script)
     runner = web.AppRunner(app)
     await runner.setup()
@@ -387,3 +478,36 @@ async def test_a_browser_page_of_a_listed_origin_receives_pushes(
             assert response.status == 204
         state = await browser.state_when(lambda state: state["events"])
         assert state["events"] == [message], transports
+
+
+def plain_page_url(origin: str, bow: Bow, path: str) -> str:
+    """The plain page, opening ``path`` (Flywheel: then binding) as listener USER/1."""
+    listener_token = token("USER/1")
+    query = {"url": f"ws://127.0.0.1:{bow.port}{path}?v=v1.3&token={listener_token}"}
+    if path == "/broker":
+        query["bind"] = json.dumps({"auth": {"type": "Bearer", "token": listener_token}})
+    return f"{origin}/plain?{urlencode(query)}"
+
+
+async def test_a_browser_page_of_another_origin_cannot_open_a_plain_websocket_by_default(
+    browser: Browser, page_origin: str, start_bow: StartBow
+) -> None:
+    bow = await gateway(start_bow)
+    for path in PLAIN_WEBSOCKETS:
+        await browser.open(plain_page_url(page_origin, bow, path))
+        state = await browser.state_when(lambda state: state["closed"] is not None)
+        assert not state["opened"] and state["errors"] and state["closed"] == 1006, (path, state)
+    assert bow._outbound is not None and bow._outbound.open_connections == 0
+
+
+async def test_a_browser_page_of_a_listed_origin_opens_a_plain_websocket(
+    browser: Browser, page_origin: str, start_bow: StartBow
+) -> None:
+    bow = await gateway(start_bow, [page_origin])
+    for path, first in (("/broker", "B "), ("/gobbler", "#ok-connected")):
+        await browser.open(plain_page_url(page_origin, bow, path))
+        state = await browser.state_when(lambda state: state["frames"] or state["closed"])
+        assert state["opened"] and not state["errors"], (path, state)
+        assert state["frames"][0].startswith(first), (path, state)
+        if path == "/broker":
+            assert json.loads(state["frames"][0][2:])["errors"] == [], state

@@ -1,8 +1,10 @@
 """deploy/gateway.example.toml names every key of the configuration schema and every variable
-``bow-gateway serve --help`` lists, set or commented out, so that it cannot drift from them."""
+``bow-gateway serve --help`` lists, set or commented out, so that it cannot drift from them; its
+commented-out Gobbler inbound and history, put back, serve the README's tour."""
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -13,6 +15,10 @@ from marshmallow import Schema, fields
 
 from bow_gateway.cli import main
 from bow_gateway.config import _ConfigSchema, _HttpsSchema
+
+from .served import clean_env, serve
+from .support import SECRET, token
+from .test_cli import run
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "deploy" / "gateway.example.toml"
 
@@ -106,3 +112,31 @@ def test_every_variable_serve_help_lists_is_in_the_example(
     # Any other variable it names is one a plugin table reads (secret_env, dsn_env, ...).
     for variable in named - listed:
         assert re.search(rf'_env = "{variable}"', text), f"{variable} is neither"
+
+
+def with_tables_uncommented(*tables: str) -> str:
+    """The example with only the commented-out tables ``# [[name]]`` of ``tables`` put back."""
+    lines = EXAMPLE.read_text().splitlines()
+    for table in tables:
+        start = f"# [[{table}]]"
+        assert lines.count(start) == 1, f"{EXAMPLE.name}: {lines.count(start)} {start!r} lines"
+        at = lines.index(start)
+        while at < len(lines) and (match := COMMENTED.match(lines[at])):
+            lines[at] = match.group(1)
+            at += 1
+    return "\n".join(lines) + "\n"
+
+
+async def test_the_gobbler_inbound_and_history_uncommented_serve_the_tour(tmp_path: Path) -> None:
+    """As the embedded default: a push to chat/room1 is kept in the history of /chat/room1."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(with_tables_uncommented("inbounds", "history"))
+    env = clean_env(BOW_JWT_SECRET=SECRET)
+    with serve(tmp_path, "--config", str(config), BOW_JWT_SECRET=SECRET) as served:
+        url = ["--url", served.url]
+        pushed = await run("push", *url, "--topic", "chat/room1", "--body", "hello", env=env)
+        assert pushed.code == 0, pushed.err  # POST /api/message/chat/room1 answered 204
+        listener = ["--token", token("USER/1", {"role": "admin"})]
+        kept = await run("history", "/chat/room1", *url, *listener, env=env)
+    assert kept.code == 0, kept.err
+    assert json.loads(kept.out) == {"event": "/chat/room1", "data": "hello", "sequence": 1}

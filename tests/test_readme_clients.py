@@ -1,13 +1,16 @@
 """The README's client snippets work as written, against a real ``serve`` on the embedded default
 (only its port changed): the Flywheel ``WebSocket`` and the ``EventSource`` in headless Chromium, on
 a page of another origin listed in ``BOW_OUTBOUND_CORS_ORIGINS``, and the ``curl -N`` line in bash.
+Each snippet is read from README.md, so that the README and these tests cannot drift apart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from . import test_cors
-from .served import Served, clean_env, serve
+from .served import BOW_GATEWAY, Served, clean_env, serve, wait_for_health
 from .support import SECRET, token
 from .test_cli import Running, run_shell
 from .test_cli_listen import push_at
@@ -70,11 +73,37 @@ async def page_origin() -> AsyncIterator[tuple[str, dict[str, str]]]:
         await runner.cleanup()
 
 
+def gateway_env(origin: str) -> dict[str, str]:
+    return {"BOW_JWT_SECRET": SECRET, "BOW_OUTBOUND_CORS_ORIGINS": origin}
+
+
 @pytest.fixture
 def gateway(tmp_path: Path, page_origin: tuple[str, dict[str, str]]) -> Iterator[Served]:
     origin, _ = page_origin
-    with serve(tmp_path, BOW_JWT_SECRET=SECRET, BOW_OUTBOUND_CORS_ORIGINS=origin) as served:
+    with serve(tmp_path, **gateway_env(origin)) as served:
         yield served
+
+
+@contextlib.contextmanager
+def restarted(served: Served, folder: Path, **env: str) -> Iterator[Served]:
+    """``served`` stopped gracefully (SIGTERM, exit 0), then ``serve`` again on its port."""
+    assert served.stop() == 0
+    stderr = folder / f"serve-{served.port}-again.stderr"
+    with (
+        open(stderr, "wb") as err,
+        subprocess.Popen(
+            [*BOW_GATEWAY, "serve", "--port", str(served.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=clean_env(**env),
+        ) as process,
+    ):
+        again = Served(served.url, served.port, process, stderr)
+        try:
+            wait_for_health(served.url, process)
+            yield again
+        finally:
+            again.stop()
 
 
 async def stream_opened(served: Served, timeout: float = 10) -> None:
@@ -114,6 +143,37 @@ async def test_the_flywheel_and_event_source_snippets_receive_a_push(
     assert frames == ["R greeting " + json.dumps(body, separators=(",", ":"))], logged
     events = [line for line in logged if line.endswith(f" {position}")]
     assert events == [json.dumps(body, separators=(",", ":")) + f" {position}"], logged
+
+
+async def test_the_event_source_snippet_resumes_after_a_graceful_restart(
+    browser: Browser, page_origin: tuple[str, dict[str, str]], gateway: Served, tmp_path: Path
+) -> None:
+    """A graceful stop alerts 4012 (advice: reconnect now): the snippet must not close on it."""
+    origin, page = page_origin
+    page["html"] = (
+        PAGE.replace("{token}", token("USER/1", ADMIN[0]))
+        .replace("{flywheel}", "")
+        .replace("{sse}", snippet("js", "new EventSource(", gateway.port))
+    )
+    gateway.new_stderr()
+    await browser.open(origin)
+
+    def greetings(state: Any) -> list[int]:
+        return [
+            json.loads(line.split(" ")[0])["n"] for line in state["logged"] if "greeting" in line
+        ]
+
+    await stream_opened(gateway)
+    push_at(gateway, "greeting", ADMIN, n=1)
+    state = await browser.state_when(lambda state: greetings(state) == [1], timeout=10)
+    assert greetings(state) == [1], state
+    with restarted(gateway, tmp_path, **gateway_env(origin)) as again:
+        await stream_opened(again, timeout=20)  # EventSource reconnected by itself
+        for n in (2, 3):
+            push_at(again, "greeting", ADMIN, n=n)
+        state = await browser.state_when(lambda state: len(greetings(state)) == 3, timeout=10)
+    assert greetings(state) == [1, 2, 3], state
+    assert "alert 4012 shutdown" in state["logged"], state
 
 
 async def test_the_curl_snippet_receives_a_push(gateway: Served) -> None:

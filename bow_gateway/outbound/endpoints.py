@@ -1,6 +1,7 @@
 """What the endpoints of the protocols aiohttp serves directly (SSE, Flywheel, Gobbler) share:
-the version a client asks for, its token, taking a connection into the outbound's core and out
-of it, and closing a plain WebSocket with a code of section 10."""
+the version a client asks for, its token, the origins allowed (``outbound.cors_origins``), taking a
+connection into the outbound's core and out of it, and closing a plain WebSocket with a code of
+section 10."""
 
 from __future__ import annotations
 
@@ -45,6 +46,55 @@ def bearer_token(request: web.Request) -> str | None:
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
     return request.query.get("token") or None
+
+
+class Origins:
+    """``outbound.cors_origins``, by the rule python-engineio applies to Socket.IO: a request
+    without ``Origin`` is not a browser's and passes; ``[]`` admits only the gateway's own origin
+    (as the request reached it, or as a proxy's ``X-Forwarded-Proto``/``-Host`` say), a list
+    only its origins, ``["*"]`` any."""
+
+    def __init__(self, allowed: list[str] | None) -> None:
+        self._allowed = frozenset(allowed or [])
+
+    def foreign(self, request: web.Request) -> str | None:
+        """The request's ``Origin`` if it is not allowed, else None."""
+        origin = request.headers.get(hdrs.ORIGIN)
+        if origin is None or "*" in self._allowed or origin in self._allowed:
+            return None
+        if not self._allowed and origin.lower() in _own_origins(request):
+            return None
+        return origin
+
+    def cors_headers(self, request: web.Request) -> dict[str, str]:
+        """``Access-Control-Allow-Origin`` for an origin the list allows (SSE's answer)."""
+        origin = request.headers.get(hdrs.ORIGIN)
+        if origin is None or not self._allowed or self.foreign(request) is not None:
+            return {}
+        if "*" in self._allowed:
+            return {hdrs.ACCESS_CONTROL_ALLOW_ORIGIN: "*"}
+        return {hdrs.ACCESS_CONTROL_ALLOW_ORIGIN: origin, hdrs.VARY: "Origin"}
+
+    def refuse(self, request: web.Request, protocol: str) -> web.Response | None:
+        """``403`` for a WebSocket handshake from a page of an origin not allowed (browsers
+        apply no CORS to WebSockets: the gateway must refuse), else None."""
+        origin = self.foreign(request)
+        if origin is None:
+            return None
+        text = f"origin {origin[:256]} is not allowed (outbound.cors_origins)"
+        logger.info("refusing a %s connection: %s", protocol, text)
+        return refusal(codes.BAD_REQUEST, 403, text)
+
+
+def _own_origins(request: web.Request) -> set[str]:
+    """The gateway's origin as the request reached it, and as a proxy forwarded it."""
+    own = {f"{request.scheme}://{request.host}".lower()}
+    proto = request.headers.get("X-Forwarded-Proto")
+    host = request.headers.get("X-Forwarded-Host")
+    if proto or host:
+        scheme = (proto or request.scheme).split(",")[0].strip()
+        own.add(f"{scheme}://{(host or request.host).split(',')[0].strip()}".lower())
+    return own
 
 
 def refusal(

@@ -27,6 +27,7 @@ from ..seams import websocket_frame
 from .codec import FramedCodec, text_body
 from .connection import Connection, logger
 from .endpoints import (
+    Origins,
     close_reason,
     close_websocket,
     let_go,
@@ -82,9 +83,11 @@ class FlywheelEndpoint:
         *,
         max_incoming_bytes: int = 16_384,
         max_publishes_per_second: int = 100,
+        cors_origins: list[str] | None = None,
     ) -> None:
         self._outbound = outbound
         self._limits = limits
+        self._origins = Origins(cors_origins)
         self._max_incoming_bytes = max_incoming_bytes
         self._max_publishes = max_publishes_per_second
         self._binder = Binder(outbound)
@@ -94,6 +97,9 @@ class FlywheelEndpoint:
         self._sweeping = False
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        refused = self._origins.refuse(request, "Flywheel")
+        if refused is not None:
+            return refused
         why = await self._limits.admit()
         if why is not None:
             return too_busy(why)

@@ -27,6 +27,7 @@ from ..seams import websocket_frame
 from .codec import FramedCodec, text_body
 from .connection import Connection, logger
 from .endpoints import (
+    Origins,
     bearer_token,
     close_reason,
     close_websocket,
@@ -95,14 +96,19 @@ class GobblerEndpoint:
         *,
         max_incoming_bytes: int = 16_384,
         max_publishes_per_second: int = 100,
+        cors_origins: list[str] | None = None,
     ) -> None:
         self._outbound = outbound
         self._limits = limits
+        self._origins = Origins(cors_origins)
         self._max_incoming_bytes = max_incoming_bytes
         self._max_publishes = max_publishes_per_second
         self._commands = Commands(outbound, max_publishes_per_second)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        refused = self._origins.refuse(request, "Gobbler")
+        if refused is not None:
+            return refused
         why = await self._limits.admit()
         if why is not None:
             return too_busy(why)

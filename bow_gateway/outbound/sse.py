@@ -25,7 +25,7 @@ from ..message import MessageEvent, dumps
 from ..topics import parse_filter
 from .codec import GAP_EVENT, Encoded
 from .connection import Connection, logger
-from .endpoints import bearer_token, let_go, pick_version, refusal, take_in
+from .endpoints import Origins, bearer_token, let_go, pick_version, refusal, take_in
 from .expiry import Refusal
 from .recovery import ack_result
 
@@ -112,13 +112,13 @@ class SseEndpoint:
     ) -> None:
         self._outbound = outbound
         self._limits = limits
-        self._origins = set(cors_origins or [])
+        self._origins = Origins(cors_origins)
         self._streams: set[Connection] = set()
         self._sweeping = False
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         outbound = self._outbound
-        cors = self._cors(request)
+        cors = self._origins.cors_headers(request)
         why = await self._limits.admit()
         if why is not None:
             return _refusal(codes.TOO_MANY_REQUESTS, 503, why, cors, {hdrs.RETRY_AFTER: "1"})
@@ -268,17 +268,6 @@ class SseEndpoint:
                         connection.ended.set_result(None)
                 elif heartbeat:
                     self._outbound.writer.write(connection, HEARTBEAT_PACKET)
-
-    def _cors(self, request: web.Request) -> dict[str, str]:
-        """``Access-Control-Allow-Origin`` for an allowed origin (``outbound.cors_origins``)."""
-        origin = request.headers.get(hdrs.ORIGIN)
-        if origin is None:
-            return {}
-        if "*" in self._origins:
-            return {hdrs.ACCESS_CONTROL_ALLOW_ORIGIN: "*"}
-        if origin in self._origins:
-            return {hdrs.ACCESS_CONTROL_ALLOW_ORIGIN: origin, hdrs.VARY: "Origin"}
-        return {}
 
 
 def _refusal(
