@@ -11,7 +11,7 @@ from typing import Any
 from marshmallow import Schema, ValidationError, fields, validate
 
 from .criteria import error_text
-from .redis_client import check_settings
+from .redis_client import check_settings, redacted
 from .retention import HistoryRule, history_rules
 
 NON_EMPTY = validate.Length(min=1, error="must not be empty")
@@ -25,9 +25,16 @@ class _RedisField(fields.Field):  # type: ignore[type-arg]
         if value is None:
             return value
         try:
-            return check_settings(value)
+            settings = check_settings(value)
+            if isinstance(settings, str):
+                from redis.connection import parse_url  # here: only a URL needs redis-py
+
+                parse_url(settings)  # type: ignore[no-untyped-call]  # as the client reads it
         except ValueError as error:
+            if isinstance(value, str):  # named, without its password
+                raise ValidationError(f"{redacted(value)!r} is not a Redis URL: {error}") from None
             raise ValidationError(str(error)) from None
+        return settings
 
 
 class _HttpsField(fields.Field):  # type: ignore[type-arg]

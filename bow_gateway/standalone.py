@@ -171,9 +171,17 @@ def embedded_default(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     }
 
 
-def load_settings(path: str | None, environ: Mapping[str, str] = os.environ) -> Settings:
-    """Read ``path`` (or take the embedded default when ``None``), apply the environment, resolve
-    the plugins. Every problem is a ``ValueError`` naming the file, table or variable at fault."""
+def load_settings(
+    path: str | None,
+    environ: Mapping[str, str] = os.environ,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+) -> Settings:
+    """Read ``path`` (or take the embedded default when ``None``), apply the environment, then
+    ``host`` and ``port`` (``serve --host/--port``), check the whole, resolve the plugins: a file
+    may leave to the others what they set. Every problem is a ``ValueError`` naming the file,
+    table or variable at fault."""
     if path is None:
         document = embedded_default(environ)
         folder = None
@@ -193,6 +201,8 @@ def load_settings(path: str | None, environ: Mapping[str, str] = os.environ) -> 
     config = {key: value for key, value in document.items() if key not in PLUGIN_KEYS}
     config.setdefault("gc_freeze", True)  # the command line owns its process
     environment = _apply_environment(config, environ)
+    flags = {"host": host, "port": port}  # over the file and the environment, checked with them
+    config.update((key, value) for key, value in flags.items() if value is not None)
     try:
         load_config(config)
     except ValueError as error:

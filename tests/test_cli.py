@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import configparser
 import json
+import shlex
 import shutil
 import signal
 import subprocess
@@ -15,16 +17,17 @@ from pathlib import Path
 
 import jwt
 import pytest
+from packaging.requirements import Requirement
 
 from bow_gateway.cli import main
 from bow_gateway.standalone_defaults import DEV_JWT_SECRET
 
-from .served import PYTHON, clean_env, free_port, wait_for_health
+from .served import BOW_GATEWAY, clean_env, free_port, wait_for_health
 from .support import SECRET
 
-# Runs a printed command as printed: `bow-gateway` is this interpreter's module (exec, so that
-# signals reach it), whether or not the console script is installed.
-SHELL_PRELUDE = f'bow-gateway() {{ exec "{sys.executable}" -m bow_gateway "$@"; }}\n'
+# Runs a printed command as printed: `bow-gateway` is the console script beside this interpreter
+# (exec, so that signals reach it), whether or not it is on PATH.
+SHELL_PRELUDE = f'bow-gateway() {{ exec "{BOW_GATEWAY[0]}" "$@"; }}\n'
 Pipe = asyncio.subprocess.PIPE
 
 
@@ -51,7 +54,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with (
         open(log, "wb") as stderr,
         subprocess.Popen(
-            [*PYTHON, "serve", "--port", str(port)],
+            [*BOW_GATEWAY, "serve", "--port", str(port)],
             stdout=subprocess.PIPE,
             stderr=stderr,
             env=clean_env(),
@@ -75,7 +78,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 async def run(*args: str, env: dict[str, str] | None = None, timeout: float = 20) -> Result:
     """Run ``python -m bow_gateway ARGS`` to its end."""
-    return await run_process(*PYTHON, *args, env=env, timeout=timeout)
+    return await run_process(*BOW_GATEWAY, *args, env=env, timeout=timeout)
 
 
 async def run_shell(script: str, timeout: float = 20, **env: str) -> Result:
@@ -167,6 +170,7 @@ async def test_serve_prints_what_a_newcomer_needs(server: Server) -> None:
         assert command in tour
     assert f"curl -N -H \"Authorization: Bearer $TOKEN\" '{server.url}/events?v=v1'" in tour
     assert f"Flywheel WebSocket {server.url.replace('http', 'ws', 1)}/broker?v=v1" in tour
+    assert f"Gobbler WebSocket {server.url.replace('http', 'ws', 1)}/gobbler?v=v1" in tour
     assert f"--url {server.url}" in tour  # not the default port: the commands say where
 
 
@@ -232,10 +236,24 @@ async def test_listen_mints_its_own_token_and_push_reaches_only_the_audience(
     server: Server,
 ) -> None:
     admin = await Running.start(
-        *PYTHON, "listen", "--url", server.url, "--id", "USER/1", "--criteria", '{"role": "admin"}'
+        *BOW_GATEWAY,
+        "listen",
+        "--url",
+        server.url,
+        "--id",
+        "USER/1",
+        "--criteria",
+        '{"role": "admin"}',
     )
     guest = await Running.start(
-        *PYTHON, "listen", "--url", server.url, "--id", "USER/2", "--criteria", '{"role": "guest"}'
+        *BOW_GATEWAY,
+        "listen",
+        "--url",
+        server.url,
+        "--id",
+        "USER/2",
+        "--criteria",
+        '{"role": "guest"}',
     )
     try:
         await asyncio.gather(
@@ -313,11 +331,11 @@ async def test_refusals_exit_1_with_the_reason(server: Server) -> None:
 async def test_serve_stops_gracefully_on_sigterm(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    serve = await Running.start(*PYTHON, "serve", "--port", str(port))
+    serve = await Running.start(*BOW_GATEWAY, "serve", "--port", str(port))
     listener: Running | None = None
     try:
         await serve.stderr_until(lambda line: f"serving on 127.0.0.1:{port}" in line)
-        listener = await Running.start(*PYTHON, "listen", "--url", url, "--id", "USER/1")
+        listener = await Running.start(*BOW_GATEWAY, "listen", "--url", url, "--id", "USER/1")
         await listener.stderr_until(lambda line: line.startswith("listening"))
 
         started = time.monotonic()
@@ -339,7 +357,7 @@ async def test_serve_from_a_config_file_and_the_environment(tmp_path: Path) -> N
     example = Path(__file__).resolve().parent.parent / "deploy" / "gateway.example.toml"
     port = free_port()
     serve = await Running.start(
-        *PYTHON,
+        *BOW_GATEWAY,
         "serve",
         "--config",
         str(example),
@@ -376,6 +394,43 @@ async def test_a_bad_configuration_exits_2(tmp_path: Path) -> None:
     assert missing.code == 2 and "cannot read the config file" in missing.err
     assert invalid.code == 2 and "port: Not a valid integer" in invalid.err
     assert from_env.code == 2 and "BOW_OUTBOUND_TIMEOUT" in from_env.err
+
+
+async def test_a_partial_file_is_checked_with_the_flags_and_the_environment(
+    tmp_path: Path,
+) -> None:
+    # Regression: a file without `port` failed with "port: Missing data" despite --port.
+    example = Path(__file__).resolve().parent.parent / "deploy" / "gateway.example.toml"
+    text = example.read_text()
+    assert text.count("\nport = ") == 1
+    partial = tmp_path / "partial.toml"
+    partial.write_text("\n".join(line for line in text.splitlines() if not line.startswith("port")))
+    port = free_port()
+    env = clean_env(BOW_JWT_SECRET=SECRET, BOW_INBOUND_PASSWORD="pw")
+    serve = await Running.start(
+        *BOW_GATEWAY, "serve", "--config", str(partial), "--port", str(port), env=env
+    )
+    try:
+        await serve.stderr_until(lambda line: f"serving on 127.0.0.1:{port}" in line)
+    finally:
+        served = await serve.stop()
+    assert served.code == 0, served.err
+    without = await run("serve", "--config", str(partial), env=env)
+    assert without.code == 2 and "port: Missing data" in without.err
+
+
+async def test_a_bad_redis_url_names_the_variable_and_the_value_without_its_password() -> None:
+    # Regression: "Redis URL must specify one of the following schemes", naming neither.
+    urls = ["nonsense", "http://x", "redis://:s3cret@127.0.0.1:notaport/0"]
+    results = await asyncio.gather(
+        *(run("serve", "--port", "0", env=clean_env(BOW_REDIS_URL=url)) for url in urls)
+    )
+    for url, result in zip(urls, results, strict=True):
+        assert result.code == 2, result.err
+        shown = url.replace("s3cret", "***")
+        assert f"redis: '{shown}' is not a Redis URL: " in result.err, result.err
+        assert "(redis is set by BOW_REDIS_URL)" in result.err
+        assert "s3cret" not in result.err
 
 
 # -- help and arguments (in this process: no network) ----------------------------------------
@@ -471,28 +526,41 @@ def test_bad_arguments_exit_2_with_a_clear_message(
     assert message in capsys.readouterr().err
 
 
-def test_criteria_job_without_the_spark_extra_names_it_and_exits_2(tmp_path: Path) -> None:
-    # Regression: a plain `pip install` printed a traceback from deep in the job.
+def test_criteria_job_without_pyspark_names_the_spark_extra_s_requirements_and_exits_3(
+    tmp_path: Path,
+) -> None:
+    # Regression: a plain `pip install` printed a traceback from deep in the job; then its hint,
+    # `pip install 'bow-gateway[spark]'`, failed from a clone (not on PyPI), exiting 2 as for a
+    # bad job file.
     job = tmp_path / "job.toml"
     job.write_text(
         '[redis]\nurl = "redis://127.0.0.1:1"\n[[inputs]]\nname = "u"\nformat = "csv"\n'
         'path = "u.csv"\n[criteria]\nquery = "SELECT 1 AS id"\n[snapshot]\nstate_dir = "s"\n'
     )
-    without_pyspark = (
-        "import sys; sys.modules['pyspark'] = None  # as if the extra were not installed\n"
-        "from bow_gateway.cli import main; sys.exit(main(sys.argv[1:]))"
+    # First on the path, a pyspark that fails to import as a missing one does.
+    shadow = tmp_path / "shadow" / "pyspark"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'pyspark'\", name='pyspark')\n"
     )
     run = subprocess.run(
-        [sys.executable, "-c", without_pyspark, "criteria-job", "--config", str(job)],
+        [*BOW_GATEWAY, "criteria-job", "--config", str(job)],
         capture_output=True,
         text=True,
         timeout=60,
+        env=clean_env(PYTHONPATH=str(shadow.parent)),
     )
-    assert run.returncode == 2, run.stderr
+    assert run.returncode == 3, run.stderr
     assert "Traceback" not in run.stderr
-    assert run.stderr.strip().splitlines()[-1] == (
-        "bow-gateway criteria-job: pyspark is not installed: pip install 'bow-gateway[spark]'"
-    )
+    last = run.stderr.strip().splitlines()[-1]
+    prefix = "bow-gateway criteria-job: pyspark is not installed: pip install "
+    assert last.startswith(prefix) and last.endswith(" (the spark extra of bow-gateway)"), last
+    named = shlex.split(last.removeprefix(prefix).removesuffix(" (the spark extra of bow-gateway)"))
+    setup = configparser.ConfigParser()
+    setup.read(Path(__file__).resolve().parent.parent / "setup.cfg")
+    spark = setup["options.extras_require"]["spark"].split("\n")
+    wanted = [str(Requirement(line)) for line in spark if line.strip()]
+    assert sorted(str(Requirement(item)) for item in named) == sorted(wanted)
 
 
 def test_the_command_line_starts_without_the_gateways_server_or_aiohttp() -> None:

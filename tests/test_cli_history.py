@@ -63,3 +63,15 @@ async def test_history_of_a_topic_not_kept_is_refused(
     result = await run("history", "/news", "--url", url, "--version", "v1.3", *member(1))
     assert result.code == 1
     assert "keeps no history" in result.err
+
+
+async def test_history_says_one_message_in_the_singular(
+    start_bow: StartBow, http: aiohttp.ClientSession
+) -> None:
+    # Regression: "1 messages of /chat/room1".
+    url = await kept_room(start_bow, http)
+    result = await run(
+        "history", ROOM, "--url", url, "--version", "v1.3", "--from", "9", *member(1)
+    )
+    assert result.code == 0, result.err
+    assert result.err.strip().splitlines()[-1] == "1 message of /chat/room1"

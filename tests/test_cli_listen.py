@@ -28,7 +28,7 @@ from aiohttp import web
 
 from bow_gateway.cli import main
 
-from .served import PYTHON, Served, clean_env, free_port, serve
+from .served import BOW_GATEWAY, Served, clean_env, free_port, serve
 from .support import SECRET, token
 
 Pipe = asyncio.subprocess.PIPE
@@ -58,7 +58,12 @@ class Listening:
     @classmethod
     async def start(cls, *args: str) -> Listening:
         process = await asyncio.create_subprocess_exec(
-            *PYTHON, "listen", *args, stdout=Pipe, stderr=Pipe, env=clean_env(BOW_JWT_SECRET=SECRET)
+            *BOW_GATEWAY,
+            "listen",
+            *args,
+            stdout=Pipe,
+            stderr=Pipe,
+            env=clean_env(BOW_JWT_SECRET=SECRET),
         )
         return cls(process)
 
@@ -108,6 +113,20 @@ async def test_a_disconnect_message_ends_it_cleanly(gateway: Served) -> None:
     assert_closed_cleanly(ended)
 
 
+async def test_the_disconnect_is_said_with_its_code_and_reason(gateway: Served) -> None:
+    # Regression: "disconnected by the server", without the code that Flywheel and SSE say.
+    listening = await Listening.start("--url", gateway.url, "--id", "USER/45", "--proto", "2")
+    await listening.until(f"listening on {gateway.url}/?v=v1&proto=2; ")  # a URL, with its "/"
+    push(gateway, "__disconnect", [{"__id": "USER/45"}])
+    ended = await listening.end()
+    assert ended.code == 1
+    assert (
+        "bow-gateway listen: disconnected by the server: a __disconnect message "
+        "(code 4006 disconnect_message)\n"
+    ) in ended.err, ended.err
+    assert_closed_cleanly(ended)
+
+
 async def test_a_refused_token_ends_it_cleanly(gateway: Served) -> None:
     ended = await listen("--url", gateway.url, "--token", "not-a-token")
     assert ended.code == 1
@@ -122,7 +141,7 @@ async def test_an_unknown_version_is_said_in_words(gateway: Served) -> None:
     ended = await listen("--url", gateway.url, "--version", "v2", "--id", "USER/42")
     assert ended.code == 1
     assert ended.err.strip().splitlines()[-1] == (
-        f"bow-gateway listen: {gateway.url}?v=v2 refused the connection: "
+        f"bow-gateway listen: {gateway.url}/?v=v2 refused the connection: "
         "unknown outbound version 'v2': this gateway serves v1"
     )
     assert "{" not in ended.err, ended.err
@@ -412,7 +431,7 @@ async def test_a_connect_error_says_the_code(scripted: Scripted) -> None:
     ended = await listen("--url", scripted.url, "--proto", "2", "--id", "USER/1")
     assert ended.code == 1
     assert ended.err.strip().splitlines()[-1] == (
-        f"bow-gateway listen: {scripted.url}?v=v1&proto=2 refused the connection: "
+        f"bow-gateway listen: {scripted.url}/?v=v1&proto=2 refused the connection: "
         "unknown protocol (code 4022 bad_protocol)"
     )
 

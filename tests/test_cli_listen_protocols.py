@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import subprocess
@@ -16,10 +17,17 @@ import pytest
 
 from bow_gateway.cli import main
 
-from .served import PYTHON, Served, clean_env, free_port, serve, wait_for_health
+from .served import BOW_GATEWAY, Served, clean_env, free_port, serve, wait_for_health
 from .support import SECRET, token
 from .test_cli import SHELL_PRELUDE
-from .test_cli_listen import Listening, assert_closed_cleanly, listen, next_line, push_at
+from .test_cli_listen import (
+    Ended,
+    Listening,
+    assert_closed_cleanly,
+    listen,
+    next_line,
+    push_at,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TEAM = [{"team": "cli"}]
@@ -306,7 +314,7 @@ async def test_sse_resumes_after_a_stream_that_ends_without_an_alert(tmp_path: P
 
     def start() -> subprocess.Popen[bytes]:
         process = subprocess.Popen(
-            [*PYTHON, "serve", "--port", str(port)],
+            [*BOW_GATEWAY, "serve", "--port", str(port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=clean_env(BOW_JWT_SECRET=SECRET),
@@ -334,6 +342,88 @@ async def test_sse_resumes_after_a_stream_that_ends_without_an_alert(tmp_path: P
         served = Served(url, port, second, tmp_path / "unused")
         position = push_at(served, "news", [{"__id": "USER/75"}])
         assert (await next_line(listening))["position"] == position
+        await stop(listening)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(15)
+
+
+# -- every protocol ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["socketio", "flywheel", "sse"])
+async def test_a_closed_stdout_ends_it_quietly(gateway: Served, protocol: str) -> None:
+    """``listen | head -1``: once its reader is gone, the next event ends it, as ``yes | head``.
+    Regression: Socket.IO printed a BrokenPipeError per event and never ended, SSE reconnected
+    forever, Flywheel ended with a traceback."""
+    reading, writing = os.pipe()
+    process = await asyncio.create_subprocess_exec(
+        *BOW_GATEWAY,
+        "listen",
+        *team_listener(gateway, protocol, f"USER/8{len(protocol)}"),
+        stdout=writing,
+        stderr=asyncio.subprocess.PIPE,
+        env=clean_env(BOW_JWT_SECRET=SECRET),
+    )
+    os.close(writing)
+    listening = Listening(process)
+    with open(reading, "rb") as out:
+        await listening.until("listening on")
+        push_at(gateway, "news/1", TEAM)
+        first = await asyncio.wait_for(asyncio.to_thread(out.readline), 10)
+    assert json.loads(first)["event"] == "news/1"
+    for n in range(2, 5):
+        push_at(gateway, f"news/{n}", TEAM)
+    code = await asyncio.wait_for(process.wait(), 10)
+    assert process.stderr is not None
+    ended = Ended(code, "", listening.err + (await process.stderr.read()).decode())
+    assert ended.code == 1, ended.err
+    assert_closed_cleanly(ended)
+    assert "BrokenPipe" not in ended.err and "Exception ignored" not in ended.err, ended.err
+    assert "resuming" not in ended.err, ended.err
+
+
+@pytest.mark.parametrize("protocol", ["flywheel", "sse"])
+async def test_a_graceful_restart_is_followed_by_reconnecting(
+    tmp_path: Path, protocol: str
+) -> None:
+    """4012 (the gateway stops) advises reconnecting now: it does, and receives from the gateway
+    started again on the same port. Regression: SSE and Flywheel ended there, exit 1."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+
+    def start() -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(
+            [*BOW_GATEWAY, "serve", "--port", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=clean_env(BOW_JWT_SECRET=SECRET),
+        )
+        wait_for_health(url, process)
+        return process
+
+    first = await asyncio.to_thread(start)
+    try:
+        args = ("--url", url, "--protocol", protocol, "--id", "USER/76")
+        listening = await Listening.start(*args)
+        await listening.until("listening on")
+        first.send_signal(signal.SIGTERM)  # graceful: every connection gets 4012
+        await listening.until("bow-gateway listen: ", timeout=15)
+        assert "(code 4012 shutdown)" in listening.err, listening.err
+    finally:
+        assert await asyncio.to_thread(first.wait, 15) == 0
+    second = await asyncio.to_thread(start)
+    try:
+        again = (
+            "bow-gateway listen: resumed on " if protocol == "sse" else "bow-gateway listen: bound"
+        )
+        await listening.until(again, timeout=30)
+        served = Served(url, port, second, tmp_path / "unused")
+        push_at(served, "news", [{"__id": "USER/76"}])
+        line = await next_line(listening)
+        if line["event"] == "__gap":  # SSE: the new gateway is another epoch
+            line = await next_line(listening)
+        assert line["event"] == "news", line
         await stop(listening)
     finally:
         second.send_signal(signal.SIGTERM)

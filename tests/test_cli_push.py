@@ -155,6 +155,20 @@ async def test_batch_stops_at_a_refusal_saying_what_was_accepted(
     assert [(await listener.next())[0] for _ in range(2)] == ["m1", "m2"]
 
 
+async def test_a_count_of_one_is_said_in_the_singular(
+    gateway: str, listener: Listener, tmp_path: Path
+) -> None:
+    # Regression: "accepted 1 messages in 1 requests", "the 1 messages before it were accepted".
+    file = jsonl(tmp_path, greeting(1))
+    result = await push(gateway, "--path", PATH, "--batch", file)
+    assert result.code == 0, result.err
+    assert result.out.splitlines()[-1] == "accepted 1 message in 1 request"
+    file = jsonl(tmp_path, greeting(2), {"name": "", "audience": []})
+    refused = await push(gateway, "--path", PATH, "--batch", file, "--batch-size", "1")
+    assert refused.code == 1
+    assert "(lines 2-2; the 1 message before them was accepted)" in refused.err, refused.err
+
+
 async def test_batch_with_a_line_that_is_not_json_exits_1_naming_the_line(
     gateway: str, tmp_path: Path
 ) -> None:

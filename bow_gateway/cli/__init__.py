@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import os
+import shlex
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -32,6 +34,7 @@ from .common import (
     EXAMPLE_ID,
     EXAMPLE_PAYLOAD,
     PASSWORD_ENV,
+    StdoutClosed,
     UsageError,
     positive_int,
 )
@@ -93,6 +96,8 @@ OPTIONAL_PARTS: Final = {
     "asyncpg": "postgres",
 }
 """Packages of the extras, and the extra that installs each."""
+MISSING_PART: Final = 3
+"""The exit status when an extra's package is missing (2 is a bad argument or configuration)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -118,12 +123,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(
             f"bow-gateway {args.command}: {package} is not installed: "
-            f"pip install 'bow-gateway[{extra}]'",
+            f"pip install {_requirements(extra)} (the {extra} extra of bow-gateway)",
             file=sys.stderr,
         )
-        return 2
+        return MISSING_PART
+    except (StdoutClosed, BrokenPipeError):
+        # Nobody reads stdout any more (`| head -1`): exit as Python's docs advise, without the
+        # traceback, stdout pointed at /dev/null so that the interpreter's last flush succeeds.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _requirements(extra: str) -> str:
+    """The extra's requirements, quoted for a shell, as installed (``'pyspark[sql]>=4.0'
+    'pandas<3,>=2.2'``): they install from a clone as from a wheel, bow-gateway not on PyPI."""
+    try:
+        found = importlib.metadata.requires("bow-gateway") or []
+    except importlib.metadata.PackageNotFoundError:
+        found = []
+    marker = f'extra == "{extra}"'
+    wanted = [r.partition(";")[0].strip() for r in found if r.partition(";")[2].strip() == marker]
+    return " ".join(map(shlex.quote, wanted)) or shlex.quote(f"bow-gateway[{extra}]")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -213,11 +235,13 @@ def _parser() -> argparse.ArgumentParser:
         "--protocol flywheel (docs/flywheel.md): a plain WebSocket to {url}/broker; binds with\n"
         "the token, a random sessionId and the --topic filters (default: '#', every name),\n"
         "prints each R frame as a line (a JSON body as its value, another as a string), the\n"
-        "bind's errors and the close code on stderr; on 4100 it re-binds as --proto 2 does.\n\n"
+        "bind's errors and the close code on stderr; on 4100 it re-binds as --proto 2 does;\n"
+        "closed with 4012 (the gateway stops), it connects and binds again, for up to 30 s.\n\n"
         "--protocol sse (docs/sse.md): reads GET {url}/events with Authorization: Bearer; each\n"
         'line has the event\'s id as "position"; --since sends Last-Event-ID. When the stream\n'
-        "ends without an alert it resumes after the last id, as EventSource does, for up to\n"
-        "30 s; an alert ends it (exit 1), but token_expired with --id reopens with a fresh token.",
+        "ends without an alert, or with 4012 (the gateway stops), it resumes after the last id,\n"
+        "as EventSource does, for up to 30 s; another alert ends it (exit 1), but token_expired\n"
+        "with --id reopens with a fresh token. Once stdout is closed (| head) it exits quietly.",
         epilog="Examples:\n"
         '  bow-gateway listen --token "$TOKEN"\n'
         f"  bow-gateway listen --id {EXAMPLE_ID} --criteria '{EXAMPLE_CRITERIA}'\n"
@@ -318,9 +342,10 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the Spark SQL query of a job file over its inputs (JDBC, Parquet, CSV,\n"
         "JSON) and write each listener's criteria to Redis as a new snapshot, which goes live\n"
         "at once for every instance using the precomputed-criteria middleware.\n"
-        "Needs pyspark (pip install 'bow-gateway[spark]') and Java 17+.",
+        "Needs the spark extra (pip install -e '.[spark]' in a clone) and Java 17+.",
         epilog="Example: bow-gateway criteria-job --config deploy/criteria-job.example.toml\n"
-        "Exit status: 0 done, 1 the run failed (the live snapshot is untouched), 2 bad config.",
+        "Exit status: 0 done, 1 the run failed (the live snapshot is untouched), 2 bad config,\n"
+        f"{MISSING_PART} pyspark (the spark extra) is not installed.",
     )
     add_criteria_job_arguments(criteria_job)
     criteria_job.set_defaults(run=_later("..job.command", "run_command"))

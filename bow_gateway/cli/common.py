@@ -22,6 +22,16 @@ class UsageError(Exception):
     """A bad argument: reported on stderr, exit status 2."""
 
 
+class StdoutClosed(Exception):
+    """stdout's reader went away (``listen | head -1``): the command stops quietly, as ``yes``
+    does; not an ``OSError``, so that no network retry takes it for a lost connection."""
+
+
+def counted(count: int, noun: str) -> str:
+    """``1 message``, ``2 messages``: a count and its noun, in the singular or the plural."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def stop_on_signals() -> asyncio.Event:
     """An event set by the first SIGINT or SIGTERM; a second one interrupts for good."""
     loop = asyncio.get_running_loop()

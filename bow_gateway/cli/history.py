@@ -16,7 +16,8 @@ from typing import Any
 
 from ..standalone_defaults import DEFAULT_VERSION
 from .clients import json_object, mint, signing_secret
-from .common import UsageError, positive_int
+from .common import UsageError, counted, positive_int
+from .listening import Plan
 
 WAIT = 30.0  # seconds for each answer (connect, authenticate, the whole replay)
 
@@ -60,8 +61,8 @@ def history(args: argparse.Namespace) -> int:
         request["start"] = args.start
     if args.max_count is not None:
         request["max_count"] = args.max_count
-    address = f"{args.url.rstrip('/')}?v={args.version}&proto=2"
-    return asyncio.run(_replay(address, token, request))
+    plan = Plan(args.url.rstrip("/"), args.version, token, proto="2")
+    return asyncio.run(_replay(plan.address, token, request))
 
 
 async def _replay(address: str, token: str, request: dict[str, Any]) -> int:
@@ -102,5 +103,5 @@ async def _replay(address: str, token: str, request: dict[str, Any]) -> int:
             text = refused.get("text", refused) if isinstance(refused, dict) else refused
             print(f"bow-gateway history: refused: {text}", file=sys.stderr)
             return 1
-        print(f"{answer['count']} messages of {request['topic']}", file=sys.stderr)
+        print(f"{counted(answer['count'], 'message')} of {request['topic']}", file=sys.stderr)
         return 0

@@ -23,7 +23,7 @@ import socketio
 
 from . import listen_flywheel, listen_sse
 from .clients import json_object, mint, signing_secret
-from .common import UsageError, stop_on_signals
+from .common import StdoutClosed, UsageError, stop_on_signals
 from .listening import DEFAULT_PATHS, Plan, coded, first_of, print_line, say
 
 REFRESH_REQUIRED = 4100
@@ -115,8 +115,19 @@ class Listener:
     refusal: list[str] = field(default_factory=list)
     authenticated: asyncio.Event = field(default_factory=asyncio.Event)
     ended: asyncio.Event = field(default_factory=asyncio.Event)
+    farewell: str = ""
+    """Why the server disconnected, as its last fatal alert said (protocol 2's has the code)."""
+    stdout_closed: bool = False
 
     async def run(self) -> int:
+        """The session's exit status; :class:`StdoutClosed` if that is what ended it (raised
+        here: python-socketio would log it from the handler that printed)."""
+        status = await self.session()
+        if self.stdout_closed:
+            raise StdoutClosed
+        return status
+
+    async def session(self) -> int:
         stop = stop_on_signals()
         self.client.on("*", self.on_event)
         self.client.on("alert", self.on_alert)
@@ -137,15 +148,15 @@ class Listener:
             await self.authenticate(self.plan.token, self.on_authenticated)
             first = await first_of(self.authenticated, self.ended, stop, timeout=30)
             if first is not self.authenticated:
-                if stop.is_set():
+                if stop.is_set() or self.stdout_closed:
                     return 0
                 reason = "; ".join(self.refusal) or "no answer to 'authenticate'"
                 say(f"bow-gateway listen: authentication refused: {reason}")
                 return 1
             say(f"listening on {address}; events appear below as JSON lines (Ctrl-C to stop)")
-            if await first_of(self.ended, stop) is stop:
+            if await first_of(self.ended, stop) is stop or self.stdout_closed:
                 return 0
-            say("bow-gateway listen: disconnected by the server")
+            say(f"bow-gateway listen: disconnected by the server: {self.farewell}")
             return 1
         finally:
             if self.client.connected:
@@ -163,11 +174,20 @@ class Listener:
         self.authenticated.set()
 
     async def on_event(self, event: str, *data: Any) -> None:
-        print_line(_plain_line(event, data))
+        self.show(_plain_line(event, data))
+
+    def show(self, line: dict[str, Any]) -> None:
+        """Print an event's line; once stdout is closed, end the session."""
+        try:
+            print_line(line)
+        except StdoutClosed:
+            self.stdout_closed = True
+            self.ended.set()
 
     async def on_alert(self, *data: Any) -> None:
         message = data[0] if len(data) == 1 else list(data)
         self.refusal.append(str(message))
+        self.farewell = str(message)
         say(f"alert: {message}")
 
     async def on_connect_error(self, *data: Any) -> None:
@@ -178,6 +198,10 @@ class Listener:
         )
 
     async def on_disconnect(self, *reason: Any) -> None:
+        if not self.farewell:  # no alert said why: python-socketio's reason, and why no code
+            said = " ".join(map(str, reason)) or "no reason"
+            coding = "" if self.plan.proto == "2" else " (protocol 1 has no codes: --proto 2 has)"
+            self.farewell = said + coding
         self.ended.set()
 
     def finish(self) -> None:
@@ -237,7 +261,7 @@ class Listener2(Listener):
 
     async def on_event(self, event: str, *data: Any) -> None:
         if len(data) != 2 or not isinstance(data[1], dict):
-            print_line(_plain_line(event, data))  # not (payload, meta): shown as it came
+            self.show(_plain_line(event, data))  # not (payload, meta): shown as it came
             return
         payload, meta = data
         line: dict[str, Any] = {"event": event, "data": payload}
@@ -248,7 +272,7 @@ class Listener2(Listener):
         if position is not None:
             self.position = position
             self.positioned = True
-        print_line(line)
+        self.show(line)
 
     async def on_alert(self, *data: Any) -> None:
         text = data[0] if data else ""
@@ -260,6 +284,8 @@ class Listener2(Listener):
         said = f"{text} ({coded(info)}, reconnect: {info.get('reconnect')})"
         if info.get("fatal") is False:
             said += " [not fatal]"
+        else:
+            self.farewell = f"{text} ({coded(info)})"
         say(f"alert: {said}")
         if code != REFRESH_REQUIRED:
             self.refusal.append(said)

@@ -1,29 +1,37 @@
 """``bow-gateway listen --protocol flywheel``: a plain WebSocket speaking Flywheel's frames
 (docs/flywheel.md), so that what a browser's ``WebSocket`` would see can be watched from a shell.
 
-It binds once (``B {"sessionId", "auth", "subscribe"}``), prints each ``R {topic} {body}`` as
-listen prints any event, says the bind's errors and the close code and reason, and re-binds with a
-fresh token when asked to (4100 on ``$remote/{sessionId}/rx/alerts``) if it minted the first one.
+It binds (``B {"sessionId", "auth", "subscribe"}``), prints each ``R {topic} {body}`` as listen
+prints any event, says the bind's errors and the close code and reason, and re-binds with a fresh
+token when asked to (4100 on ``$remote/{sessionId}/rx/alerts``) if it minted the first one. A
+close whose advice is to reconnect now (4012: the gateway stops) connects and binds again, trying
+for up to :data:`PATIENCE` seconds; any other close ends it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from typing import Any, Final
 
 import aiohttp
 
-from .. import codes
 from .common import stop_on_signals
-from .listening import Plan, coded, print_line, say
+from .listening import (
+    CODES,
+    FIRST_DELAY,
+    MAX_DELAY,
+    PATIENCE,
+    Plan,
+    coded,
+    print_line,
+    reconnects_now,
+    say,
+)
 
 REFRESH_REQUIRED: Final = 4100
-REASONS: Final = {
-    code.code: code.reason for code in vars(codes).values() if isinstance(code, codes.Code)
-}
-"""Each close code's reason word (``4006``: ``disconnect_message``), as protocol 2 names it."""
 REFUSAL_WAIT: Final = 1.0
 """Seconds to wait, after a bind answered with errors, for the close that follows a refused
 ``auth`` (the gateway sends it right behind the ``BindResponse``)."""
@@ -38,50 +46,77 @@ def address_of(plan: Plan) -> str:
 async def run(plan: Plan) -> int:
     """Listen until Ctrl-C/SIGTERM (0), or a refusal or the gateway's close (1)."""
     stop = stop_on_signals()
-    address = address_of(plan)
     async with aiohttp.ClientSession() as http:
+        listener = FlywheelListener(http, plan, address_of(plan), str(uuid.uuid4()))
+        reading = asyncio.ensure_future(listener.run())
+        stopping = asyncio.ensure_future(stop.wait())
         try:
-            websocket = await http.ws_connect(address, timeout=aiohttp.ClientWSTimeout(ws_close=5))
-        except aiohttp.WSServerHandshakeError as error:
-            say(f"bow-gateway listen: {address} refused the connection: {error.status} {error}")
-            return 1
-        except (aiohttp.ClientError, OSError) as error:
-            say(f"bow-gateway listen: cannot reach {address}: {error or type(error).__name__}")
-            return 1
-        async with websocket:
-            listener = FlywheelListener(websocket, plan, address, str(uuid.uuid4()))
-            reading = asyncio.ensure_future(listener.read())
-            stopping = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopping.cancel()
-            if not reading.done():  # Ctrl-C: stop reading, then close as a client does
-                reading.cancel()
-                await asyncio.gather(reading, return_exceptions=True)
-                return 0
-            return reading.result()
+            await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not reading.done():  # Ctrl-C: stop reading, then close as a client does
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
+            return 0
+        return reading.result()
 
 
 class FlywheelListener:
-    """One connection: the bind, then every frame the gateway sends, in order."""
+    """Its connections, one after the other: each one's bind, then every frame, in order."""
 
-    def __init__(
-        self, websocket: aiohttp.ClientWebSocketResponse, plan: Plan, address: str, session: str
-    ) -> None:
-        self.websocket = websocket
+    def __init__(self, http: aiohttp.ClientSession, plan: Plan, address: str, session: str) -> None:
+        self.http = http
         self.plan = plan
         self.address = address
         self.session = session
-        self.bound = False  # the first BindResponse came
+        self.token = plan.token
+        self.websocket: aiohttp.ClientWebSocketResponse | None = None
+        self.listening = False  # a connection was bound once: later ones are reconnections
+        self.bound = False  # this connection's first BindResponse came
         self.refused: list[str] = []  # its errors, when the close followed at once
         self.rebinding = False  # a re-bind with a fresh token waits for its response
 
-    async def read(self) -> int:
-        """Bind, then print what arrives until the gateway closes: 1 then, whatever the code."""
+    async def run(self) -> int:
+        """Connect and read until a close; again, after waiting, when its code advises
+        reconnecting now; the exit status (1) once a close or :data:`PATIENCE` ends it."""
+        delay, lost_since = FIRST_DELAY, time.monotonic()
+        while True:
+            connected = await self.connect()
+            if isinstance(connected, str):  # why not
+                if not self.listening or time.monotonic() - lost_since > PATIENCE:
+                    say(f"bow-gateway listen: {connected}")
+                    return 1
+                say(f"bow-gateway listen: {connected}; trying again in {delay:g} s")
+            else:
+                async with connected:
+                    self.websocket, self.bound, self.refused = connected, False, []
+                    message = await self.read()
+                if not (self.bound and not self.refused and reconnects_now(self.close_info())):
+                    return self.closed(message)
+                delay, lost_since = FIRST_DELAY, time.monotonic()
+                self.say_closed(message, f"; reconnecting in {delay:g} s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_DELAY)
+            if self.plan.fresh is not None:
+                self.token = self.plan.fresh()
+
+    async def connect(self) -> aiohttp.ClientWebSocketResponse | str:
+        """A new connection, or why there is none."""
+        try:
+            return await self.http.ws_connect(
+                self.address, timeout=aiohttp.ClientWSTimeout(ws_close=5)
+            )
+        except aiohttp.WSServerHandshakeError as error:
+            return f"{self.address} refused the connection: {error.status} {error}"
+        except (aiohttp.ClientError, OSError) as error:
+            return f"cannot reach {self.address}: {error or type(error).__name__}"
+
+    async def read(self) -> aiohttp.WSMessage:
+        """Bind, then print what arrives until the gateway closes; the close (or error)."""
+        assert self.websocket is not None
         request: dict[str, Any] = {"sessionId": self.session}
-        if self.plan.token is not None:
-            request["auth"] = {"type": "Bearer", "token": self.plan.token}
+        if self.token is not None:
+            request["auth"] = {"type": "Bearer", "token": self.token}
         request["subscribe"] = list(self.plan.topics or ("#",))
         await self.websocket.send_str("B " + json.dumps(request))
         while True:
@@ -89,9 +124,9 @@ class FlywheelListener:
             if message.type is aiohttp.WSMsgType.TEXT:
                 closing = await self.frame(str(message.data))
                 if closing is not None:
-                    return self.closed(closing)
+                    return closing
             elif message.type is not aiohttp.WSMsgType.BINARY:
-                return self.closed(message)
+                return message
 
     async def frame(self, text: str) -> aiohttp.WSMessage | None:
         """Handle one text frame; the close, if one was read while handling it."""
@@ -127,6 +162,7 @@ class FlywheelListener:
         if self.bound:
             return None
         self.bound = True
+        assert self.websocket is not None
         if errors:  # a refused auth is closed right behind its BindResponse: wait for that
             try:
                 message = await self.websocket.receive(timeout=REFUSAL_WAIT)
@@ -137,10 +173,14 @@ class FlywheelListener:
                     self.refused = errors
                     return message
                 await self.frame(str(message.data))
-        say(
-            f"listening on {self.address} as session {self.session}; "
-            "events appear below as JSON lines (Ctrl-C to stop)"
-        )
+        if self.listening:
+            say(f"bow-gateway listen: bound again on {self.address} as session {self.session}")
+        else:
+            say(
+                f"listening on {self.address} as session {self.session}; "
+                "events appear below as JSON lines (Ctrl-C to stop)"
+            )
+        self.listening = True
         return None
 
     async def alert(self, info: Any) -> None:
@@ -159,21 +199,37 @@ class FlywheelListener:
         say("bow-gateway listen: re-authenticating with a fresh token")
         self.rebinding = True
         auth = {"type": "Bearer", "token": self.plan.fresh()}
+        assert self.websocket is not None
         await self.websocket.send_str("B " + json.dumps({"auth": auth}))
+
+    def close_info(self) -> dict[str, Any]:
+        """The last connection's close code and its reason word (``4006``:
+        ``disconnect_message``), as protocol 2 names it."""
+        code = self.websocket.close_code if self.websocket is not None else None
+        known = CODES.get(code or 0)
+        return {"code": code, "reason": known.reason if known else None}
 
     def closed(self, message: aiohttp.WSMessage) -> int:
         """Say who closed and why, as the close frame says it; the exit status (1)."""
-        code = self.websocket.close_code
-        reason = str(message.extra or "") if message.type is aiohttp.WSMsgType.CLOSE else ""
-        said = " ".join(str(part) for part in ("code", code, REASONS.get(code or 0)) if part)
+        reason = _close_reason(message)
+        said = coded(self.close_info())
         if not self.bound:
             why = f"{reason} ({said})" if reason else said
             say(f"bow-gateway listen: {self.address} refused the connection: {why}")
         elif self.refused:
             say(f"bow-gateway listen: authentication refused: {reason or self.refused[0]} ({said})")
         else:
-            say(f"bow-gateway listen: closed by the server: {reason or 'no reason'} ({said})")
+            self.say_closed(message)
         return 1
+
+    def say_closed(self, message: aiohttp.WSMessage, then: str = "") -> None:
+        reason = _close_reason(message) or "no reason"
+        said = coded(self.close_info())
+        say(f"bow-gateway listen: closed by the server: {reason} ({said}){then}")
+
+
+def _close_reason(message: aiohttp.WSMessage) -> str:
+    return str(message.extra or "") if message.type is aiohttp.WSMsgType.CLOSE else ""
 
 
 def _body(text: str) -> Any:

@@ -2,8 +2,9 @@
 ``curl -N`` would, and print each event as listen prints any, with its ``id`` as the position.
 
 Like a browser's ``EventSource`` it resumes by itself when the stream ends without an alert (a
-cut connection, a proxy's timeout, a restarted gateway), sending the last id as ``Last-Event-ID``,
-for up to :data:`PATIENCE` seconds. An ``alert`` is the gateway telling it to stop: it ends there
+cut connection, a proxy's timeout, a restarted gateway) or with an alert whose advice is to
+reconnect now (4012: the gateway stops), sending the last id as ``Last-Event-ID``, for up to
+:data:`PATIENCE` seconds. Any other ``alert`` is the gateway telling it to stop: it ends there
 (exit 1), but for ``token_expired`` with a token it minted (``--id``): then it reopens at once
 with a fresh one, and misses nothing.
 """
@@ -20,11 +21,17 @@ from typing import Any, Final
 import aiohttp
 
 from .common import stop_on_signals
-from .listening import Plan, coded, print_line, say
+from .listening import (
+    FIRST_DELAY,
+    MAX_DELAY,
+    PATIENCE,
+    Plan,
+    coded,
+    print_line,
+    reconnects_now,
+    say,
+)
 
-PATIENCE: Final = 30.0  # seconds it tries to resume a stream that ended without an alert
-FIRST_DELAY: Final = 1.0  # seconds before the first try, doubled after each failed one
-MAX_DELAY: Final = 10.0
 TOKEN_EXPIRED: Final = "token_expired"
 
 
@@ -90,7 +97,7 @@ class SseListener:
         lost_since: float | None = None
         while True:
             ended = await self.stream()
-            if ended.kind == "alert":
+            if ended.kind == "alert" and not reconnects_now(ended.info):
                 if ended.info.get("reason") != TOKEN_EXPIRED or self.plan.fresh is None:
                     say("bow-gateway listen: the gateway ended the stream")
                     return 1
@@ -116,7 +123,9 @@ class SseListener:
                 say(f"bow-gateway listen: no stream for {PATIENCE:g} s: giving up")
                 return 1
             wait = max(delay, ended.retry_after)
-            if ended.opened:
+            if ended.kind == "alert":
+                said = f"the gateway advises reconnecting now ({coded(ended.info)})"
+            elif ended.opened:
                 said = "the stream ended without an alert" + (
                     f" ({ended.why})" if ended.why else ""
                 )
@@ -158,7 +167,7 @@ class SseListener:
         except (aiohttp.ClientError, OSError) as error:
             return Ended("lost", {}, why=str(error) or type(error).__name__, opened=opened)
         if alert is not None:
-            return Ended("alert", alert)
+            return Ended("alert", alert, opened=True)
         return Ended("lost", {}, opened=True)
 
     async def events(self, content: aiohttp.StreamReader) -> dict[str, Any] | None:

@@ -7,13 +7,22 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from .. import codes
+from .common import StdoutClosed
+
 PROTOCOLS: Final = ("socketio", "flywheel", "sse")
 DEFAULT_PATHS: Final = {"flywheel": "/broker", "sse": "/events"}
 """The embedded default's ``outbound.flywheel_path`` and ``outbound.sse_path``."""
+CODES: Final = {code.code: code for code in vars(codes).values() if isinstance(code, codes.Code)}
+"""Each code of section 10 (its reason word, its advice), by number."""
+PATIENCE: Final = 30.0  # seconds of failed tries to reconnect before giving up
+FIRST_DELAY: Final = 1.0  # seconds before the first try, doubled after each failed one
+MAX_DELAY: Final = 10.0
 
 
 @dataclass
@@ -34,7 +43,9 @@ class Plan:
 
     @property
     def address(self) -> str:
-        return f"{self.url}?v={self.version}" + (f"&proto={self.proto}" if self.proto else "")
+        """``http://host:port/?v=v1&proto=2``: the Socket.IO handshake's URL, as printed."""
+        query = {"v": self.version, **({"proto": self.proto} if self.proto else {})}
+        return f"{self.url}/?{urllib.parse.urlencode(query)}"
 
 
 def say(text: str) -> None:
@@ -43,8 +54,19 @@ def say(text: str) -> None:
 
 
 def print_line(line: dict[str, Any]) -> None:
-    """One event as a JSON line on stdout, at once (a pipe reads it as it comes)."""
-    print(json.dumps(line, ensure_ascii=False), flush=True)
+    """One event as a JSON line on stdout, at once (a pipe reads it as it comes);
+    :class:`StdoutClosed` once nobody reads it any more."""
+    try:
+        print(json.dumps(line, ensure_ascii=False), flush=True)
+    except BrokenPipeError:
+        raise StdoutClosed from None
+
+
+def reconnects_now(info: dict[str, Any]) -> bool:
+    """The code's advice is to reconnect at once (4012: the instance stops, and another one, or
+    the same restarted, answers): from the alert's ``reconnect``, else from the code's own."""
+    code = CODES.get(info.get("code", 0))
+    return (info.get("reconnect") or (code.reconnect if code else None)) == "now"
 
 
 def coded(info: dict[str, Any]) -> str:

@@ -22,7 +22,14 @@ from urllib.parse import quote
 
 from ..standalone_defaults import DEFAULT_INBOUND_PATH, DEFAULT_USERNAME, DEV_INBOUND_PASSWORD
 from .clients import json_value
-from .common import EXAMPLE_AUDIENCE, EXAMPLE_PAYLOAD, PASSWORD_ENV, UsageError, positive_int
+from .common import (
+    EXAMPLE_AUDIENCE,
+    EXAMPLE_PAYLOAD,
+    PASSWORD_ENV,
+    UsageError,
+    counted,
+    positive_int,
+)
 
 if TYPE_CHECKING:  # imported where used: the command line's parser imports this module
     import aiohttp
@@ -239,21 +246,25 @@ async def _post_batches(
                 if not status.startswith("204 "):
                     said = f": {text}" if text else ""
                     print(
-                        f"bow-gateway push: {status}{said} (lines {first}-{last}; the "
-                        f"{accepted} messages before them were accepted)",
+                        f"bow-gateway push: {status}{said} (lines {first}-{last}; "
+                        f"{_before(accepted, 'them')})",
                         file=sys.stderr,
                     )
                     return 1
                 accepted += len(lines)
                 requests += 1
-                count = f"{len(lines)} message" + "s" * (len(lines) != 1)
-                print(f"{status}: accepted lines {first}-{last} ({count})")
+                print(f"{status}: accepted lines {first}-{last} ({counted(len(lines), 'message')})")
         except BatchFileError as error:
-            before = f"the {accepted} messages before it were accepted"
-            print(f"bow-gateway push: {error} ({before})", file=sys.stderr)
+            print(f"bow-gateway push: {error} ({_before(accepted, 'it')})", file=sys.stderr)
             return 1
-    print(f"accepted {accepted} messages in {requests} requests")
+    print(f"accepted {counted(accepted, 'message')} in {counted(requests, 'request')}")
     return 0
+
+
+def _before(accepted: int, what: str) -> str:
+    """``the 2 messages before it were accepted``, ``the 1 message before it was accepted``."""
+    were = "was" if accepted == 1 else "were"
+    return f"the {counted(accepted, 'message')} before {what} {were} accepted"
 
 
 class BatchFileError(ValueError):

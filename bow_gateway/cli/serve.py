@@ -43,7 +43,7 @@ def serve(args: argparse.Namespace) -> int:
     # failures included (a bad configuration, a port taken, a crash with its traceback).
     configure_logging()
     try:
-        settings = load_settings(args.config).with_address(host=args.host, port=args.port)
+        settings = load_settings(args.config, host=args.host, port=args.port)
         if args.workers > 1:
             settings = worker_settings(settings)
         bow = build_bow(settings)
@@ -63,7 +63,7 @@ def serve(args: argparse.Namespace) -> int:
 def worker(number: int, config: str | None, host: str | None, port: int | None, count: int) -> None:
     """One of ``serve --workers`` processes: the same gateway, WebSocket only, the shared port."""
     configure_logging(worker=number)
-    settings = worker_settings(load_settings(config).with_address(host=host, port=port))
+    settings = worker_settings(load_settings(config, host=host, port=port))
     status = asyncio.run(run_server(build_bow(settings), settings, quiet=number > 0))
     if number == 0 and status == 0:
         logger.info("%d workers stopped", count)
@@ -139,6 +139,11 @@ def tour(bow: Bow, settings: Settings) -> str:
             lines.append(
                 f"          Server-Sent Events GET {url}{config.sse_path}?v={outbound.version}"
                 " with Authorization: Bearer <token>"
+            )
+        if config.gobbler_path:
+            lines.append(
+                f"          Gobbler WebSocket {ws_url}{config.gobbler_path}?v={outbound.version}"
+                "&token=<token>, then send '+ /topic' lines"
             )
     lines.append(f"  health: GET {url}/health")
     if default and settings.uses_dev_secret:
