@@ -1,5 +1,6 @@
 """The README stays one a newcomer finishes (under 1,500 words, the reference in docs/), every
-relative link of the documentation leads to a file, and the tour's step 4 works as written."""
+relative link of the documentation leads to a file, the documentation cites no file outside the
+repository, and the tour's step 4 works as written."""
 
 from __future__ import annotations
 
@@ -8,21 +9,23 @@ import json
 import re
 import shutil
 import signal
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .served import clean_env, free_port
+from .served import BOW_GATEWAY, clean_env, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^\s*```.*?^\s*```", re.MULTILINE | re.DOTALL)
-# Runs a command as printed: `bow-gateway` is this interpreter's module (exec, so that signals
-# reach it), whether or not the console script is on PATH.
-PRELUDE = f'bow-gateway() {{ exec "{sys.executable}" -m bow_gateway "$@"; }}\n'
+# What the project was written from, never shipped: the contract's specs, its seeds.
+OUTSIDE = re.compile(r"\b(?:seeds|spec)/|\.\./shared\b|/work/shared\b")
+MARKDOWN_NAME = re.compile(r"[\w.-]+\.md\b")
+# Runs a command as printed: `bow-gateway` is the console script beside this interpreter
+# (exec, so that signals reach it), whether or not it is on PATH.
+PRELUDE = f'bow-gateway() {{ exec "{BOW_GATEWAY[0]}" "$@"; }}\n'
 PIPE = asyncio.subprocess.PIPE
 
 
@@ -43,6 +46,30 @@ def test_every_relative_link_leads_to_a_file_without_an_anchor() -> None:
         for target in relative_links(page):
             assert "#" not in target, f"{page.name}: {target}: link to a file, not an anchor"
             assert (page.parent / target).exists(), f"{page.name}: {target} does not exist"
+
+
+def repository_markdown() -> set[str]:
+    """The names of the repository's Markdown files (hidden folders and build/ left out)."""
+    found = set()
+    for pattern in ("*.md", "*/*.md", "*/*/*.md"):
+        for path in ROOT.glob(pattern):
+            parts = path.relative_to(ROOT).parts
+            if not any(part.startswith(".") or part == "build" for part in parts):
+                found.add(path.name)
+    return found
+
+
+def test_the_documentation_cites_no_file_outside_the_repository() -> None:
+    """The docs stand on their own: no contract section or seed a reader cannot open."""
+    known = repository_markdown()
+    assert {"README.md", "sse.md", "flywheel.md", "history.md"} <= known
+    # The performance history is a dated record of what was run then, outside files included.
+    for page in [README, *(page for page in DOCS if page.name != "performance-history.md")]:
+        text = page.read_text()
+        outside = [match.group() for match in OUTSIDE.finditer(text)]
+        assert not outside, f"{page.name} cites files outside the repository: {outside}"
+        unknown = sorted(set(MARKDOWN_NAME.findall(text)) - known)
+        assert not unknown, f"{page.name} names Markdown files the repository lacks: {unknown}"
 
 
 def test_the_readme_links_every_docs_page() -> None:
@@ -126,3 +153,20 @@ async def test_the_tours_step_4_works_as_written(tmp_path: Path) -> None:
                 process.send_signal(signal.SIGTERM)
             await asyncio.wait_for(process.communicate(), 15)
     assert serve.returncode == 0
+
+
+BENCH = ROOT / "bench"
+# A benchmark as the reference's commands name it, bench/<name>.py or .sh (not the shared harness).
+BENCH_SCRIPT = re.compile(r"(?<![\w./-])bench/([\w-]+\.(?:py|sh))\b")
+
+
+def test_the_benchmark_reference_has_at_most_400_lines() -> None:
+    lines = len((BENCH / "README.md").read_text().splitlines())
+    assert lines <= 400, f"bench/README.md has {lines} lines: dated runs go to the history"
+
+
+def test_every_benchmark_the_reference_names_is_in_bench() -> None:
+    named = set(BENCH_SCRIPT.findall((BENCH / "README.md").read_text()))
+    assert named, "bench/README.md names no bench/ script"
+    missing = sorted(name for name in named if not (BENCH / name).is_file())
+    assert not missing, f"bench/README.md names scripts bench/ lacks: {missing}"
