@@ -2,9 +2,10 @@
 
 Needs ``apache-airflow-providers-apache-spark`` and a ``spark_default`` connection (the master:
 ``spark://host:7077``, ``yarn``, ``k8s://...``). The driver and every executor need Python with
-``pip install 'bow-gateway[spark]'`` (the executors write to Redis with redis-py and pyarrow:
-the job ships its writer, ``bow_gateway.job.writer``, to them), and the job file where the
-driver runs. The application is the job's file, ``bow_gateway/criteria_job.py``:
+bow-gateway's ``spark`` extra (``pip install '.[spark]'`` in a clone; the executors write to
+Redis with redis-py and pyarrow: the job ships its writer, ``bow_gateway.job.writer``, to them),
+and the job file where the driver runs. The application is the job's file,
+``bow_gateway/criteria_job.py``:
 ``python -c 'import bow_gateway.criteria_job as m; print(m.__file__)'`` says where it is.
 
 Every 10 minutes an incremental run (only the listeners whose criteria changed: state_dir must
