@@ -383,12 +383,13 @@ async def test_a_closed_stdout_ends_it_quietly(gateway: Served, protocol: str) -
     assert "resuming" not in ended.err, ended.err
 
 
-@pytest.mark.parametrize("protocol", ["flywheel", "sse"])
+@pytest.mark.parametrize("protocol", ["flywheel", "sse", "socketio"])
 async def test_a_graceful_restart_is_followed_by_reconnecting(
     tmp_path: Path, protocol: str
 ) -> None:
     """4012 (the gateway stops) advises reconnecting now: it does, and receives from the gateway
-    started again on the same port. Regression: SSE and Flywheel ended there, exit 1."""
+    started again on the same port. Regression: SSE, Flywheel and Socket.IO's protocol 2 ended
+    there, exit 1."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
 
@@ -405,6 +406,8 @@ async def test_a_graceful_restart_is_followed_by_reconnecting(
     first = await asyncio.to_thread(start)
     try:
         args = ("--url", url, "--protocol", protocol, "--id", "USER/76")
+        if protocol == "socketio":
+            args += ("--proto", "2")  # protocol 1 has no codes, no advice
         listening = await Listening.start(*args)
         await listening.until("listening on")
         first.send_signal(signal.SIGTERM)  # graceful: every connection gets 4012
@@ -414,9 +417,11 @@ async def test_a_graceful_restart_is_followed_by_reconnecting(
         assert await asyncio.to_thread(first.wait, 15) == 0
     second = await asyncio.to_thread(start)
     try:
-        again = (
-            "bow-gateway listen: resumed on " if protocol == "sse" else "bow-gateway listen: bound"
-        )
+        again = {
+            "sse": "bow-gateway listen: resumed on ",
+            "flywheel": "bow-gateway listen: bound",
+            "socketio": "authenticated: ",
+        }[protocol]
         await listening.until(again, timeout=30)
         served = Served(url, port, second, tmp_path / "unused")
         push_at(served, "news", [{"__id": "USER/76"}])

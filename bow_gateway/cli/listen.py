@@ -5,8 +5,9 @@ and SSE are ``listen_flywheel`` and ``listen_sse``. Protocol 1 (the default) pri
 "data"}`` per event, as Bow's clients see them. With ``--proto 2`` (docs/protocol-2.md) it
 subscribes to ``--topic`` filters, asks for the missed messages after ``--since``, prints each
 event with its position, the acknowledgement's result, ``__position`` and ``__gap``, alerts with
-their code, and re-authenticates with a freshly minted token when asked to (4100), if it minted the
-first one."""
+their code, re-authenticates with a freshly minted token when asked to (4100), if it minted the
+first one, and reconnects, resuming after the last position, when an alert advises reconnecting now
+(4012: the instance stops), for up to :data:`PATIENCE` seconds of failed tries."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import argparse
 import asyncio
 import functools
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +26,18 @@ import socketio
 from . import listen_flywheel, listen_sse
 from .clients import json_object, mint, signing_secret
 from .common import StdoutClosed, UsageError, stop_on_signals
-from .listening import DEFAULT_PATHS, Plan, coded, first_of, print_line, say
+from .listening import (
+    DEFAULT_PATHS,
+    FIRST_DELAY,
+    MAX_DELAY,
+    PATIENCE,
+    Plan,
+    coded,
+    first_of,
+    print_line,
+    reconnects_now,
+    say,
+)
 
 REFRESH_REQUIRED = 4100
 GATEWAY_EVENTS = ("__position", "__gap")
@@ -118,17 +131,39 @@ class Listener:
     farewell: str = ""
     """Why the server disconnected, as its last fatal alert said (protocol 2's has the code)."""
     stdout_closed: bool = False
+    resume: bool = False
+    """Reconnect once this session ends: an alert advised it (protocol 2's), or the gateway was
+    unreachable while resuming."""
 
     async def run(self) -> int:
-        """The session's exit status; :class:`StdoutClosed` if that is what ended it (raised
+        """The last session's exit status; :class:`StdoutClosed` if that is what ended it (raised
         here: python-socketio would log it from the handler that printed)."""
-        status = await self.session()
+        stop = stop_on_signals()
+        try:
+            status = await self.session(stop)
+            delay, lost_since = FIRST_DELAY, time.monotonic()
+            while self.resume and not (stop.is_set() or self.stdout_closed):
+                if time.monotonic() - lost_since > PATIENCE:
+                    say(f"bow-gateway listen: no connection for {PATIENCE:g} s: giving up")
+                    break
+                say(f"bow-gateway listen: reconnecting in {delay:g} s")
+                if await first_of(stop, timeout=delay) is stop:
+                    return 0
+                delay = min(delay * 2, MAX_DELAY)
+                self.authenticated.clear()
+                self.ended.clear()
+                self.refusal.clear()
+                self.farewell = ""
+                status = await self.session(stop)
+                if self.authenticated.is_set():  # it had a session: patience starts again
+                    delay, lost_since = FIRST_DELAY, time.monotonic()
+        finally:
+            self.finish()
         if self.stdout_closed:
             raise StdoutClosed
         return status
 
-    async def session(self) -> int:
-        stop = stop_on_signals()
+    async def session(self, stop: asyncio.Event) -> int:
         self.client.on("*", self.on_event)
         self.client.on("alert", self.on_alert)
         self.client.on("connect_error", self.on_connect_error)
@@ -137,8 +172,12 @@ class Listener:
         try:
             await self.client.connect(address, transports=["websocket"], wait_timeout=10)
         except socketio.exceptions.ConnectionError as error:
+            if self.resume and not self.refusal:  # not refused: not up again yet
+                say(f"bow-gateway listen: cannot reach {address}: {error}")
+                return 1
             reason = "; ".join(self.refusal) or str(error)
             say(f"bow-gateway listen: {address} refused the connection: {reason}")
+            self.resume = False
             return 1
         try:
             refused = await self.subscribe()
@@ -147,6 +186,7 @@ class Listener:
                 return 1
             await self.authenticate(self.plan.token, self.on_authenticated)
             first = await first_of(self.authenticated, self.ended, stop, timeout=30)
+            self.resume = False  # refused, or it must be advised again
             if first is not self.authenticated:
                 if stop.is_set() or self.stdout_closed:
                     return 0
@@ -161,7 +201,6 @@ class Listener:
         finally:
             if self.client.connected:
                 await self.client.disconnect()
-            self.finish()
 
     async def subscribe(self) -> str | None:
         """Hold the topic filters before authenticating (protocol 2's); why not, if refused."""
@@ -232,7 +271,10 @@ class Listener2(Listener):
         return None
 
     async def authenticate(self, token: str | None, callback: Callable[..., Any]) -> None:
-        options = {} if self.plan.since is None else {"since": self.plan.since}
+        if self.resume and self.plan.fresh is not None:
+            token = self.plan.fresh()  # the first one may have expired meanwhile
+        self.positioned = False
+        options = {} if self.position is None else {"since": self.position}
         await self.client.emit("authenticate", (token, options), callback=callback)
 
     def on_authenticated(self, *result: Any) -> None:
@@ -286,6 +328,7 @@ class Listener2(Listener):
             said += " [not fatal]"
         else:
             self.farewell = f"{text} ({coded(info)})"
+            self.resume = reconnects_now(info)
         say(f"alert: {said}")
         if code != REFRESH_REQUIRED:
             self.refusal.append(said)
