@@ -47,6 +47,7 @@ class Instances:
         self._interval = interval
         self._live_for = live_for
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
 
     async def start(self) -> None:
         """Beat once (if Redis answers), then every ``interval`` until :meth:`stop`."""
@@ -60,15 +61,22 @@ class Instances:
         task, self._task = self._task, None
         if task is None:
             return
+        self._stopped = True
         task.cancel()
+        # Its end, without taking a cancellation of the caller's (the drain timeout) for its own.
+        await asyncio.wait({task})
         with contextlib.suppress(asyncio.CancelledError):
-            await task
+            task.result()
         with contextlib.suppress(*FAILURES):
             async with asyncio.timeout(self._interval):
                 await self._client.zrem(self.key, self.id)
 
     async def _run(self) -> None:
-        while True:
+        # Until stop(), whose cancellation redis-py may swallow: on CPython 3.11 the wait_for
+        # around its socket writes returns the write's result, and drops the cancellation, when
+        # the cancellation comes after the write ended but before the task resumed (bpo-42130).
+        # The heartbeats then went on, and stop() waited for them the whole drain_timeout.
+        while not self._stopped:
             await asyncio.sleep(self._interval)
             try:
                 async with asyncio.timeout(self._interval):
