@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .codes import TokenExpired
     from .plugins import (
         AsyncClosable,
         CreateCriteriaFromListenerDetails,
@@ -35,6 +36,7 @@ __all__ = [
     "Enrich",
     "HealthCheck",
     "InboundRequest",
+    "TokenExpired",
     "WatchesCriteria",
 ]
 __version__ = "0.1.0"
@@ -45,9 +47,8 @@ def __getattr__(name: str) -> Any:
     the criteria job start without the gateway's server modules."""
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(
-        importlib.import_module(".server" if name == "Bow" else ".plugins", __name__), name
-    )
+    module = {"Bow": ".server", "TokenExpired": ".codes"}.get(name, ".plugins")
+    value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value
 

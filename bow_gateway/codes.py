@@ -1,5 +1,6 @@
 """The codes of section 10: why a socket is refused, alerted or closed, and what its client
-should do (the same codes close the plain-WebSocket outbounds)."""
+should do (the same codes close the plain-WebSocket outbounds); :class:`TokenExpired`, what an
+outbound raises for an expired token."""
 
 from __future__ import annotations
 
@@ -31,6 +32,13 @@ class Code:
     def data(self) -> dict[str, Any]:
         """The ``data`` of a ``connect_error``: ``{"code", "reason", "reconnect"}``."""
         return {"code": self.code, "reason": self.reason, "reconnect": self.reconnect}
+
+
+class TokenExpired(ValueError):
+    """Raised by an outbound's ``create_listener_details_from_token`` for a token whose expiry
+    has passed (the bundled JWT outbound does): refused with 4003 ``token_expired``, where any
+    other error is 4002 ``auth_refused``, so that a client fetches a new token rather than
+    retrying this one."""
 
 
 BAD_REQUEST: Final = Code(4000, "bad_request", "never")

@@ -97,6 +97,7 @@ class _InboundSchema(Schema):
     max_queries = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
     max_predicates = fields.Integer(load_default=32, validate=validate.Range(min=1))
     max_batch = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
+    max_auth_failures_per_minute = fields.Integer(load_default=60, validate=validate.Range(min=1))
 
 
 _PREFIX = re.compile(r"(/[A-Za-z0-9._~!$&'()*+,;=:@%-]+)+")
@@ -144,8 +145,16 @@ class _OutboundSchema(Schema):
     max_sockets_per_id = fields.Integer(
         load_default=100, validate=validate.Range(min=0, error="must be 0 (no limit) or more")
     )
+    max_buffered_bytes_per_id = fields.Integer(
+        load_default=4_194_304, validate=validate.Range(min=0, error="must be 0 (no limit) or more")
+    )
+    max_anonymous = fields.Integer(
+        load_default=10_000, validate=validate.Range(min=0, error="must be 0 (no limit) or more")
+    )
     max_authenticates_per_minute = fields.Integer(load_default=12, validate=validate.Range(min=1))
     max_filters = fields.Integer(load_default=100, validate=validate.Range(min=1))
+    max_filters_per_id = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
+    max_filters_per_instance = fields.Integer(load_default=200_000, validate=validate.Range(min=1))
     max_publishes_per_second = fields.Integer(load_default=100, validate=validate.Range(min=1))
     sse_path = fields.String(load_default="/events", allow_none=True, validate=_check_endpoint_path)
     flywheel_path = fields.String(
@@ -164,6 +173,13 @@ class _RecoverySchema(Schema):
     )
     max_count = fields.Integer(load_default=10_000, validate=validate.Range(min=1))
     max_replay = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
+    max_bytes = fields.Integer(
+        load_default=67_108_864, validate=validate.Range(min=1, error="must be at least 1 byte")
+    )
+    max_scan = fields.Integer(load_default=10_000, validate=validate.Range(min=1))
+    max_replays_per_minute = fields.Integer(
+        load_default=120, validate=validate.Range(min=0, error="must be 0 (no limit) or more")
+    )
     position_interval = fields.Float(
         load_default=30.0,
         validate=validate.Range(min=0, min_inclusive=False, error="must be positive"),
@@ -265,6 +281,11 @@ class Config:
     max_sockets_per_id: int = 100
     max_authenticates_per_minute: int = 12
     max_filters: int = 100
+    max_filters_per_id: int = 1_000
+    """Distinct topic filters of one listener id's connections on an instance (anonymous and
+    not yet authenticated connections count as one id)."""
+    max_filters_per_instance: int = 200_000
+    """Topic filters held on an instance, each counted once per connection holding it."""
     max_publishes_per_second: int = 100
     sse_path: str | None = "/events"
     flywheel_path: str | None = "/broker"
@@ -274,6 +295,12 @@ class Config:
     recovery_max_age: float = 120.0
     recovery_max_count: int = 10_000
     recovery_max_replay: int = 1_000
+    recovery_max_bytes: int = 67_108_864
+    """Bytes of messages the recovery window holds (as they crossed the backplane)."""
+    recovery_max_scan: int = 10_000
+    """Entries of the window one recovery looks at, at most (more: ``too_many``)."""
+    recovery_max_replays_per_minute: int = 120
+    """Topic replays per connection, and per listener id on an instance, a minute (0: none)."""
     position_interval: float = 30.0
     api_prefix: str = "/_bow"
     api_max_batch: int = 1_000
@@ -284,6 +311,12 @@ class Config:
     max_counts_per_second: float = 20.0
     history: tuple[HistoryRule, ...] = ()
     """Topics kept with a sequence, for replay (``[[history]]``)."""
+    max_auth_failures_per_minute: int = 60
+    """Failed Basic Auth attempts per client address a minute (bursts as many); then ``429``."""
+    max_buffered_bytes_per_id: int = 4_194_304
+    """Bytes waiting for the slow sockets of one listener id on an instance (0: no limit)."""
+    max_anonymous: int = 10_000
+    """Anonymous connections held on an instance (0: no limit); then 4009."""
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.https is None or isinstance(self.https, ssl.SSLContext):
@@ -347,6 +380,8 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         max_sockets_per_id=data["outbound"]["max_sockets_per_id"],
         max_authenticates_per_minute=data["outbound"]["max_authenticates_per_minute"],
         max_filters=data["outbound"]["max_filters"],
+        max_filters_per_id=data["outbound"]["max_filters_per_id"],
+        max_filters_per_instance=data["outbound"]["max_filters_per_instance"],
         max_publishes_per_second=data["outbound"]["max_publishes_per_second"],
         sse_path=data["outbound"]["sse_path"] or None,
         flywheel_path=data["outbound"]["flywheel_path"] or None,
@@ -355,6 +390,9 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         recovery_max_age=data["recovery"]["max_age"],
         recovery_max_count=data["recovery"]["max_count"],
         recovery_max_replay=data["recovery"]["max_replay"],
+        recovery_max_bytes=data["recovery"]["max_bytes"],
+        recovery_max_scan=data["recovery"]["max_scan"],
+        recovery_max_replays_per_minute=data["recovery"]["max_replays_per_minute"],
         position_interval=data["recovery"]["position_interval"],
         api_prefix=data["api"]["prefix"],
         api_max_batch=data["api"]["max_batch"],
@@ -363,4 +401,7 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         count_timeout=data["api"]["count_timeout"],
         max_counts_per_second=data["api"]["max_counts_per_second"],
         history=history,
+        max_auth_failures_per_minute=data["inbound"]["max_auth_failures_per_minute"],
+        max_buffered_bytes_per_id=data["outbound"]["max_buffered_bytes_per_id"],
+        max_anonymous=data["outbound"]["max_anonymous"],
     )

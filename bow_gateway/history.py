@@ -7,6 +7,7 @@ clients; here they are compared through the backplane's ``parse_position``.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections import deque
@@ -25,6 +26,64 @@ TOO_MANY: Final = "too_many"
 UNKNOWN_POSITION: Final = "unknown_position"
 DISABLED: Final = "disabled"
 CONTROL_ITEMS: Final = 4  # items of any kind kept, per message of max_count
+DECODED_SIZE: Final = 1_024  # bytes counted for a message kept decoded (given without its bytes)
+SLICE_ENTRIES: Final = 256  # entries a slice of a recovery or a replay looks at, at most
+SLICE_SECONDS: Final = 0.001  # and its work, at most (a slice ends at the first entry past it)
+
+
+class Lane:
+    """Long work (recoveries, topic replays) done in slices that take turns: a slice ends after
+    :data:`SLICE_ENTRIES` entries or :data:`SLICE_SECONDS` of work, then the event loop runs
+    (live delivery, I/O) and the other slices waiting, in turn, before the next one. However many
+    recoveries run at once, the event loop waits for about one slice at a time."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+
+    def slices(self) -> Slices:
+        return Slices(self._lock)
+
+
+class Slices:
+    """One piece of work's slices on a :class:`Lane`: :meth:`begin` before its first slice,
+    :meth:`due` after each entry, :meth:`pause` between two slices, :meth:`end` when it stops
+    (or before it awaits anything else)."""
+
+    __slots__ = ("_held", "_left", "_lock", "_until", "pauses")
+
+    def __init__(self, lock: asyncio.Lock) -> None:
+        self._lock = lock
+        self._held = False
+        self._left = SLICE_ENTRIES
+        self._until = 0.0
+        self.pauses = 0
+
+    async def begin(self) -> None:
+        """Wait for this work's turn (at once when no other slice waits), and start a slice."""
+        if not self._held:
+            await self._lock.acquire()
+            self._held = True
+        self._left = SLICE_ENTRIES
+        self._until = time.perf_counter() + SLICE_SECONDS
+
+    def due(self) -> bool:
+        """One more entry done: whether this slice is over."""
+        self._left -= 1
+        return self._left <= 0 or time.perf_counter() >= self._until
+
+    async def pause(self) -> None:
+        """Let the event loop, then the other slices waiting, run; then start the next slice."""
+        self.end()
+        self.pauses += 1
+        await asyncio.sleep(0)
+        await self.begin()
+
+    def end(self) -> None:
+        if self._held:
+            self._held = False
+            self._lock.release()
 
 
 Item = tuple[str, tuple[int, ...], str | None, float, bytes | MessageEvent | None]
@@ -69,9 +128,16 @@ class History:
         max_count: int = 10_000,
         max_age: float = 120.0,
         max_listeners: int = 100_000,
+        max_bytes: int = 67_108_864,
+        max_scan: int = 10_000,
     ) -> None:
         self._parse = parse
         self._max_count = max_count
+        self.max_bytes = max_bytes
+        self._max_scan = max_scan
+        self._bytes = 0  # the messages' bytes (as they crossed the backplane) among the items
+        self._generation = 0  # counts restarts: a recovery under way sees the history broke
+        self.lane = Lane()
         self._max_age = max_age
         self._items: deque[Item] = deque()
         self._kept: dict[str, Kept] = {}  # position -> its message, once a recovery decoded it
@@ -80,6 +146,7 @@ class History:
         self.epoch: str | None = None
         self.last: str | None = None  # the newest position delivered, message or not
         self._floor: tuple[int, ...] | None = None  # key of the last position forgotten
+        self._floor_position: str | None = None  # and that position, exactly as given out
         self.delivered: str | None = None  # the newest position the consumer has delivered
         self._messages = 0  # messages among the items (only they count toward max_count)
         self.changes = Changes(parse, max_listeners=max_listeners)
@@ -106,6 +173,7 @@ class History:
         if isinstance(event, MessageEvent) and event.message.name != DISCONNECT:
             version: str | None = event.middleware_version
             held: bytes | MessageEvent | None = event if data is None else data
+            self._bytes += DECODED_SIZE if data is None else len(data)
         else:
             version = held = None
         number = self._first + len(self._items)
@@ -116,7 +184,9 @@ class History:
         # Control events keep their positions (an ack or a __position may name one) without
         # pushing messages out, within a bound of their own.
         while (
-            self._messages > self._max_count or len(self._items) > CONTROL_ITEMS * self._max_count
+            self._messages > self._max_count
+            or self._bytes > self.max_bytes
+            or len(self._items) > CONTROL_ITEMS * self._max_count
         ):
             self._forget_one()
 
@@ -128,7 +198,10 @@ class History:
         self._numbers.clear()
         self._first = 0
         self._messages = 0
+        self._bytes = 0
+        self._generation += 1
         self.epoch, self._floor = (None, None) if parsed is None else parsed
+        self._floor_position = None if parsed is None else position
         self.last = position
 
     def is_after(self, position: str, mark: str) -> bool:
@@ -149,7 +222,7 @@ class History:
             parsed is not None and last is not None and parsed[0] == last[0] and parsed[1] > last[1]
         )
 
-    def recover(
+    async def recover(
         self,
         since: str,
         middleware_version: str,
@@ -157,10 +230,13 @@ class History:
         max_replay: int = 1_000,
     ) -> Recovery:
         """The messages of ``middleware_version`` after ``since`` that ``matches`` accepts, all
-        of them or a reason why not.
+        of them or a reason why not; the replay ends at the newest position of now, which the
+        result gives (what comes after it is live).
 
-        One check (audience, then topic filters) per message in the window at most; nothing is
-        replayed in part.
+        One check (audience, then topic filters) per message in the window at most, and at most
+        ``max_scan`` entries looked at (more: ``too_many`` at once, with no work), in slices that
+        take turns with the event loop (:class:`Lane`); nothing is replayed in part. ``since``
+        must be a position given out exactly (one forged from another is unknown).
         """
         self._forget_old()
         parsed = self._parse(since) if isinstance(since, str) else None
@@ -171,23 +247,44 @@ class History:
             return Recovery(False, EPOCH_CHANGED, self.last)
         number = self._numbers.get(since)
         if number is None:
-            if self._floor is not None and key == self._floor:
+            if since == self._floor_position:
                 number = self._first - 1  # the last one forgotten: everything after it is here
             elif self._floor is not None and key < self._floor:
                 return Recovery(False, TOO_OLD, self.last)
             elif self._items and key < self._items[0][1]:
                 return Recovery(False, TOO_OLD, self.last)
-            else:  # never given out here, or from the future
+            else:  # never given out here, forged, or from the future
                 return Recovery(False, UNKNOWN_POSITION, self.last)
+        last, end = self.last, self._first + len(self._items) - 1  # the replay ends there
+        if end - number > self._max_scan:
+            return Recovery(False, TOO_MANY, last)
+        generation = self._generation
+        slices = self.lane.slices()
         replay: list[Kept] = []
-        for position, _, version, _, held in self._after(number):
-            if version == middleware_version:
-                kept = self._kept.get(position) or self._decoded(position, held)
-                if matches(kept.message.message):
-                    if len(replay) == max_replay:
-                        return Recovery(False, TOO_MANY, self.last)
-                    replay.append(kept)
-        return Recovery(True, None, self.last, replay)
+        await slices.begin()
+        try:
+            while (number := number + 1) <= end:
+                if self._generation != generation:  # a gap: live delivery says so
+                    return Recovery(False, EPOCH_CHANGED, self.last)
+                if number < self._first:  # what was left to look at left the window
+                    return Recovery(False, TOO_OLD, self.last)
+                items = itertools.islice(self._items, number - self._first, end + 1 - self._first)
+                for position, _, version, _, held in items:
+                    if version == middleware_version:
+                        kept = self._kept.get(position) or self._decoded(position, held)
+                        if matches(kept.message.message):
+                            if len(replay) == max_replay:
+                                return Recovery(False, TOO_MANY, last)
+                            replay.append(kept)
+                    if number == end:
+                        break
+                    if slices.due():
+                        await slices.pause()
+                        break
+                    number += 1
+        finally:
+            slices.end()
+        return Recovery(True, None, last, replay)
 
     def _decoded(self, position: str, held: bytes | MessageEvent | None) -> Kept:
         """The message at ``position``, decoded, kept until it leaves the window."""
@@ -205,10 +302,13 @@ class History:
             self._forget_one()
 
     def _forget_one(self) -> None:
-        position, key, version, _, _ = self._items.popleft()
+        position, key, version, _, held = self._items.popleft()
         del self._numbers[position]
         if self._kept:
             self._kept.pop(position, None)
-        self._messages -= version is not None
+        if version is not None:
+            self._messages -= 1
+            self._bytes -= len(held) if isinstance(held, bytes) else DECODED_SIZE
         self._first += 1
         self._floor = key
+        self._floor_position = position

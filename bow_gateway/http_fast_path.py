@@ -7,13 +7,14 @@ header and URL objects, a task, the router, the ``Request`` and ``Response`` obj
 half of what a one-listener message costs the gateway from its POST to its delivery. A
 connection's requests are read here while each is in the commonest form: ``POST`` to a plain
 inbound path taking a JSON body, HTTP/1.1, one ``Content-Length`` within ``max_body_size``,
-``Content-Type: application/json``, exactly the inbounds' credentials, no ``Expect``,
-``Transfer-Encoding``, ``Content-Encoding`` or ``Upgrade``, no ``Connection`` but
-``keep-alive``, every header line well formed. From the first request that is not, the
-connection is handed to aiohttp (its ``RequestHandler``, given the bytes not yet answered),
-which answers it and the rest as it answers any request: ``401`` for other credentials, ``413``,
-``400``, ``404``... Answers are the inbound's own (:func:`.inbound.message_handler`), so a
-message means the same, with the same statuses, logs and metrics, on either path.
+``Content-Type: application/json``, exactly the inbounds' credentials (from an address not
+blocked for its failed attempts), no ``Expect``, ``Transfer-Encoding``, ``Content-Encoding``
+or ``Upgrade``, no ``Connection`` but ``keep-alive``, every header line well formed. From the
+first request that is not, the connection is handed to aiohttp (its ``RequestHandler``, given
+the bytes not yet answered), which answers it and the rest as it answers any request: ``401``
+for other credentials (``429`` past too many), ``413``, ``400``, ``404``... Answers are the
+inbound's own (:func:`.inbound.message_handler`), so a message means the same, with the same
+statuses, logs and metrics, on either path.
 
 Only public API: ``web.Server`` is the protocol factory aiohttp hands to ``create_server``, and
 its ``RequestHandler`` an ``asyncio.Protocol``.
@@ -34,16 +35,19 @@ from aiohttp import web
 from aiohttp.http import SERVER_SOFTWARE
 
 from .inbound import POSITION_HEADER, AcceptJson
+from .inbound_auth import FailedAttempts, client_address
 
 logger = logging.getLogger("bow_gateway.http")
 
 
 class FastRoute(NamedTuple):
-    """A plain JSON inbound: what takes its bodies, and the ``Authorization`` header value its
-    credentials make (compared whole)."""
+    """A plain JSON inbound: what takes its bodies, the ``Authorization`` header value its
+    credentials make (compared whole), and the failed attempts of :class:`.inbound_auth.BasicAuth`
+    (a blocked address's requests are aiohttp's, which answers them ``429``)."""
 
     accept_json: AcceptJson
     authorization: bytes
+    attempts: FailedAttempts | None = None
 
 
 MAX_HEAD: Final = 8_190
@@ -196,6 +200,7 @@ class FastConnection(asyncio.Protocol):
             or content_type is None
             or content_type.lower() != b"application/json"
             or not hmac.compare_digest(authorization or b"", route.authorization)
+            or (route.attempts is not None and route.attempts.blocked and self._blocked(route))
         ):
             self._hand_off()
             return
@@ -206,6 +211,13 @@ class FastConnection(asyncio.Protocol):
         self._buffer = buffer[start + length :]
         body = buffer[start : start + length]
         self.task = asyncio.get_running_loop().create_task(self._answer(route, body))
+
+    def _blocked(self, route: FastRoute) -> bool:
+        """Whether this client's address is blocked for its failed attempts (only asked while
+        some address is)."""
+        assert route.attempts is not None and self._transport is not None
+        address = client_address(self._transport.get_extra_info("peername"))
+        return route.attempts.retry_after(address) is not None
 
     async def _answer(self, route: FastRoute, body: bytes) -> None:
         try:

@@ -75,7 +75,7 @@ def message_handler(
     what = "request" if read is read_request else "body"
     middleware_version = inbound.middleware_version
     accepted = metrics.messages_accepted.labels(inbound.path)
-    limits = {"max_queries": max_queries, "max_predicates": max_predicates}
+    limits: dict[str, Any] = {"max_queries": max_queries, "max_predicates": max_predicates}
 
     def refused(method: str, path: str, error: web.HTTPException) -> None:
         metrics.messages_refused.labels(inbound.path, str(error.status)).inc()

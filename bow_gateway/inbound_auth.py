@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import base64
 import hmac
+import ipaddress
 import logging
+import math
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final
 
@@ -22,12 +26,86 @@ from aiohttp import BasicAuth as Credentials
 from aiohttp import hdrs, web
 from yarl import URL
 
+from .ratelimit import TokenBucket
+
 logger = logging.getLogger("bow_gateway.inbound")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+MAX_ADDRESSES: Final = 10_000
+"""Client addresses whose failed attempts are counted at once (the least recent forgotten)."""
+
 CATCH_ALL: Final = "/"
 """The catch-all's canonical path: aiohttp tries its resources under ``/`` last."""
+
+
+def client_address(peername: Any) -> str:
+    """The key of a client's failed attempts: its IP address (an IPv6 one's /64, which one
+    host commonly holds whole), "" for a peer without one (a Unix socket)."""
+    if not isinstance(peername, (list, tuple)) or not peername:
+        return ""
+    address = str(peername[0])
+    if ":" not in address:
+        return address
+    try:
+        ip = ipaddress.IPv6Address(address.partition("%")[0])
+    except ValueError:
+        return address
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return ip.exploded[:19]  # the first four groups: the /64
+
+
+class FailedAttempts:
+    """Failed Basic Auth attempts per client address: a token bucket each (``per_minute``,
+    the first included, then ``per_minute`` a minute), for at most :data:`MAX_ADDRESSES`
+    addresses, the least recently failing forgotten first. An address past its bucket is
+    *blocked* until the bucket has a token again: every request it sends for a protected route
+    is then ``429``, good credentials or not (else guessing would go on at full speed, the
+    right password told apart by its answer). Requests with the credentials never spend a
+    token, and cost one test of an empty :attr:`blocked` while no address is blocked."""
+
+    __slots__ = ("_buckets", "_burst", "_rate", "_swept", "blocked", "per_minute")
+
+    def __init__(self, per_minute: int) -> None:
+        self.per_minute = per_minute
+        self._rate = per_minute / 60
+        self._burst = float(per_minute)
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+        self.blocked: dict[str, float] = {}  # address: monotonic time its block ends
+        self._swept = 0.0  # when the blocks that ended were last dropped
+
+    def retry_after(self, address: str) -> float | None:
+        """Seconds ``address`` stays blocked, or None when it is not (asked only while some
+        address is: the blocks that ended are dropped once a second, so that requests are
+        back to one test of an empty :attr:`blocked` soon after the last ends)."""
+        now = time.monotonic()
+        if now >= self._swept + 1.0:
+            self._swept = now
+            for ended in [key for key, until in self.blocked.items() if until <= now]:
+                del self.blocked[ended]
+        until = self.blocked.get(address)
+        if until is None or until <= now:
+            return None
+        return until - now
+
+    def failed(self, address: str) -> float | None:
+        """Count a failed attempt of ``address``: None while it is within its bucket, else the
+        seconds it is now blocked for."""
+        buckets = self._buckets
+        bucket = buckets.get(address)
+        if bucket is None:
+            if len(buckets) >= MAX_ADDRESSES:
+                forgotten, _ = buckets.popitem(last=False)
+                self.blocked.pop(forgotten, None)
+            bucket = buckets[address] = TokenBucket(self._rate, self._burst)
+        else:
+            buckets.move_to_end(address)
+        if bucket.take():
+            return None
+        wait = bucket.delay()
+        self.blocked[address] = time.monotonic() + wait
+        return wait
 
 
 class BasicAuth:
@@ -40,7 +118,13 @@ class BasicAuth:
     """
 
     def __init__(
-        self, *, realm: str, username: str, password: str, is_open: Callable[[str], bool]
+        self,
+        *,
+        realm: str,
+        username: str,
+        password: str,
+        is_open: Callable[[str], bool],
+        max_failures_per_minute: int = 60,
     ) -> None:
         self._user = username.encode()
         self._password = password.encode()
@@ -51,6 +135,8 @@ class BasicAuth:
         self._header = b"\0" if b":" in self._user else header  # no header value holds a NUL
         self._challenge = 'Basic realm="{}"'.format(realm.replace("\\", "\\\\").replace('"', '\\"'))
         self._is_open = is_open
+        # Failed attempts per client address (the inbounds' fast path reads it too)
+        self.attempts = FailedAttempts(max_failures_per_minute)
         self._issued: set[Handler] = set()  # every handler a route got from add()
         self._sealed = False
 
@@ -61,8 +147,14 @@ class BasicAuth:
         return self._header
 
     def check(self, request: web.Request) -> None:
-        """Raise ``401`` (with the challenge) unless ``request`` has the credentials."""
+        """Raise ``401`` (with the challenge) unless ``request`` has the credentials; ``429``
+        (with ``Retry-After``) while its address is blocked for too many failed attempts."""
         header = request.headers.get(hdrs.AUTHORIZATION, "")
+        attempts = self.attempts
+        if attempts.blocked:  # rarely: one test of an empty dict otherwise
+            wait = attempts.retry_after(client_address(_peername(request)))
+            if wait is not None:
+                raise _too_many(wait)
         if hmac.compare_digest(header.encode("utf-8", "surrogateescape"), self._header):
             return
         try:
@@ -78,6 +170,21 @@ class BasicAuth:
         )
         if not (credentials and user_ok and password_ok):
             reason = "wrong credentials" if credentials else "no Basic credentials"
+            # Only a guess counts: a request without credentials (a browser's first, a probe)
+            # cannot find the password
+            address = client_address(_peername(request))
+            wait = attempts.failed(address) if credentials else None
+            if wait is not None:  # logged once per block: its requests until then are not
+                logger.warning(
+                    "refused %s %s: %s; %s blocked for %.1f s (over %g failed attempts a minute)",
+                    request.method,
+                    request.path,
+                    reason,
+                    address or "a client without an address",
+                    wait,
+                    attempts.per_minute,
+                )
+                raise _too_many(wait)
             logger.info("refused %s %s: %s", request.method, request.path, reason)
             raise web.HTTPUnauthorized(
                 text=f"401: {reason}", headers={hdrs.WWW_AUTHENTICATE: self._challenge}
@@ -151,6 +258,19 @@ class BasicAuth:
             return await handler(request)
 
         return guarded
+
+
+def _peername(request: web.Request) -> Any:
+    transport = request.transport
+    return None if transport is None else transport.get_extra_info("peername")
+
+
+def _too_many(wait: float) -> web.HTTPTooManyRequests:
+    seconds = max(1, math.ceil(wait))
+    return web.HTTPTooManyRequests(
+        text=f"429: too many failed attempts: retry after {seconds} s",
+        headers={hdrs.RETRY_AFTER: str(seconds)},
+    )
 
 
 class _CatchAll(web.AbstractResource):

@@ -2,9 +2,10 @@
 
 A message is what an inbound accepted: an event ``name``, an optional ``payload`` and an
 ``audience`` (a list of queries, each a non-empty mapping of predicates), and rarely what
-Gobbler's format adds (:class:`Publication`: headers, the publisher's ids). Events are how
-messages and criteria changes cross the backplane: small JSON documents, encoded once where they
-start.
+Gobbler's format adds (:class:`Publication`: headers, the publisher's ids). A name is held to
+one rule whichever way it comes in (:func:`name_error`: an inbound, a client's publish). Events
+are how messages and criteria changes cross the backplane: small JSON documents, encoded once
+where they start.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
 from .criteria import Criteria, ListenerId, ScalarField, error_text, is_scalar, typed_key
 from .index import Query
 from .publication import (
+    FORBIDDEN_TEXT,
     MAX_HEADER_BYTES,
     MAX_HEADERS,
     MAX_ID_LENGTH,
     PUBLICATION_KEY_SET,
     Publication,
+    forbidden_character,
     read_publication,
 )
 
@@ -42,12 +45,13 @@ use only :data:`DISCONNECT`, so that they can be neither forged nor shadowed."""
 
 EMPTY_QUERY_ERROR: Final = "a query needs at least one predicate ({{}} would silently match nobody)"
 RESERVED_NAME_ERROR: Final = (
-    "{input!r} is reserved: Socket.IO clients (connect, connect_error, disconnect, disconnecting, "
-    "newListener, removeListener) and the gateway (alert) use it for their own events"
+    "{input!r:.100} is reserved: Socket.IO clients (connect, connect_error, disconnect, "
+    "disconnecting, newListener, removeListener) and the gateway (alert) use it for their own "
+    "events"
 )
 
 GATEWAY_NAME_ERROR: Final = (
-    "{input!r} is reserved: names starting with __ are the gateway's own events "
+    "{input!r:.100} is reserved: names starting with __ are the gateway's own events "
     "(a message may use only __disconnect)"
 )
 
@@ -56,7 +60,7 @@ SYSTEM_PREFIX: Final = "$"
 a message may use only ``$remote/{sessionId}/rx/...``."""
 
 SYSTEM_NAME_ERROR: Final = (
-    "{input!r} is reserved: names starting with $ are the gateway's own topics "
+    "{input!r:.100} is reserved: names starting with $ are the gateway's own topics "
     "(a message may use only $remote/{{sessionId}}/rx/...)"
 )
 
@@ -72,33 +76,71 @@ def session_of(name: str) -> str:
     return name.split("/", 3)[1] if _remote(name) else ""
 
 
-def _reserved(name: str) -> bool:
-    return (
-        name in RESERVED_NAMES
-        or (name.startswith(GATEWAY_PREFIX) and name != DISCONNECT)
-        or (name.startswith(SYSTEM_PREFIX) and not _remote(name))
-    )
+CLIENT_NAME_ERROR: Final = (
+    "{input!r:.100} is reserved: a client may not publish names starting with __ or $ (the "
+    "gateway's own events and topics: only the backend's inbound sends __disconnect and "
+    "$remote/{{sessionId}}/rx/...)"
+)
+EMPTY_LEVEL_ERROR: Final = (
+    "{input!r:.100} has an empty level: levels are separated by one /, and only the first may be "
+    "empty (Gobbler's leading /): /chat/room1/ and /chat//room1 would be other topics than "
+    "/chat/room1"
+)
+WILDCARD_LEVEL_ERROR: Final = (
+    "{input!r:.100} has a + or # level: they are topic filters' wildcards, never a name's"
+)
 
 
-def _check_gateway_name(name: str) -> None:
-    if name.startswith(GATEWAY_PREFIX) and name != DISCONNECT:
-        raise ValidationError(GATEWAY_NAME_ERROR.format(input=name))
-    if name.startswith(SYSTEM_PREFIX) and not _remote(name):
-        raise ValidationError(SYSTEM_NAME_ERROR.format(input=name))
+def name_error(name: str, *, client: bool = False) -> str | None:
+    """Why ``name`` may not be a message's name (``None``: it may): the one rule of every way a
+    message comes in, the backend's inbounds and the clients' publishes (Flywheel's ``P``,
+    Gobbler's ``>``; ``client``), whatever the protocol that will carry it.
+
+    - not empty; not a name Socket.IO clients or the gateway reserve (:data:`RESERVED_NAMES`);
+    - not the gateway's: ``__`` names but :data:`DISCONNECT`, ``$`` names but
+      ``$remote/{sessionId}/rx/...``; a client may send neither of those two either;
+    - none of :data:`~.publication.FORBIDDEN_CHARACTERS` (a comma, a control, a line break, a
+      bidirectional override), with which a name could forge a frame or a field of the text
+      protocols (Gobbler's first line, SSE's lines);
+    - no empty level but the first (Gobbler's leading ``/``): no ``//``, no trailing ``/``;
+    - no ``+`` or ``#`` level (filters' wildcards).
+
+    Slashes, spaces and any other Unicode are valid.
+    """
+    if not name:
+        return "must not be empty"
+    if name in RESERVED_NAMES:
+        return RESERVED_NAME_ERROR.format(input=name)
+    if name.startswith(GATEWAY_PREFIX):
+        if client:
+            return CLIENT_NAME_ERROR.format(input=name)
+        if name != DISCONNECT:
+            return GATEWAY_NAME_ERROR.format(input=name)
+    elif name.startswith(SYSTEM_PREFIX):
+        if client:
+            return CLIENT_NAME_ERROR.format(input=name)
+        if not _remote(name):
+            return SYSTEM_NAME_ERROR.format(input=name)
+    if forbidden_character(name):
+        return f"{name!r:.100} {FORBIDDEN_TEXT}"
+    if "//" in name or name.endswith("/"):
+        return EMPTY_LEVEL_ERROR.format(input=name)
+    if ("+" in name or "#" in name) and not {"+", "#"}.isdisjoint(name.split("/")):
+        return WILDCARD_LEVEL_ERROR.format(input=name)
+    return None
+
+
+def _check_name(name: str) -> None:
+    why = name_error(name)
+    if why is not None:
+        raise ValidationError(why)
 
 
 class _MessageSchema(Schema):
     class Meta:
         unknown = EXCLUDE
 
-    name = fields.String(
-        required=True,
-        validate=[
-            validate.Length(min=1, error="must not be empty"),
-            validate.NoneOf(RESERVED_NAMES, error=RESERVED_NAME_ERROR),
-            _check_gateway_name,
-        ],
-    )
+    name = fields.String(required=True, validate=_check_name)
     payload = fields.Raw(allow_none=True)
     audience = fields.List(
         fields.Dict(
@@ -144,9 +186,11 @@ def validate_message(
     max_header_bytes: int = MAX_HEADER_BYTES,
     max_id_length: int = MAX_ID_LENGTH,
     prefix: str = "",
+    client: bool = False,
 ) -> Message:
     """Check what an inbound's function returned; ``ValueError`` names the field, after
-    ``prefix`` (a batch's index: ``"3"`` makes ``3.audience.0: ...``).
+    ``prefix`` (a batch's index: ``"3"`` makes ``3.audience.0: ...``). ``client``: the message
+    is a client's publish, whose name :func:`name_error` holds to a client's rule.
 
     The audience's size is checked first, so that a huge one costs no more than a count; its
     repeated queries are dropped (each would cost a resolution per delivery, for nothing).
@@ -157,6 +201,11 @@ def validate_message(
     if not isinstance(value, Mapping):
         where = f"{prefix}: " if prefix else ""
         raise ValueError(f"{where}a message must be a mapping, not {type(value).__name__}")
+    name = value.get("name")
+    if client and type(name) is str:  # another type: the schema says what is wrong with it
+        why = name_error(name, client=True)
+        if why is not None:
+            raise ValueError(f"{prefix}.name: {why}" if prefix else f"name: {why}")
     _check_size(value.get("audience"), max_queries, max_predicates, prefix)
     message = _plainly_valid(value) or _loaded(value, prefix)
     audience = _distinct(message.audience)
@@ -241,7 +290,7 @@ def _plainly_valid(value: Mapping[str, Any]) -> Message | None:
     finds the words for everything else.
     """
     name, audience = value.get("name"), value.get("audience")
-    if type(name) is not str or not name or _reserved(name) or type(audience) is not list:
+    if type(name) is not str or name_error(name) is not None or type(audience) is not list:
         return None
     for query in audience:
         if not _plain_query(query):

@@ -7,6 +7,7 @@ run only when a message mapping has one of :data:`PUBLICATION_KEYS`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Final, NamedTuple
 
@@ -28,6 +29,27 @@ PUBLICATION_KEY_SET: Final = frozenset(PUBLICATION_KEYS)
 MAX_HEADERS: Final = 64
 MAX_HEADER_BYTES: Final = 8_192
 MAX_ID_LENGTH: Final = 256
+
+FORBIDDEN_CHARACTERS: Final = re.compile(
+    "[,\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]"
+)
+"""What no message name or publisher id may hold: a comma (Gobbler's first line separates its
+fields with them), a C0 control (line breaks included), DEL, a C1 control (``NEL`` included),
+JavaScript's line and paragraph separators, and the bidirectional marks, embeddings, overrides
+and isolates (``U+202E`` shows a name backwards). Clients split their frames on the first
+ones, and people read names and ids: none of them is ever needed in either."""
+FORBIDDEN_TEXT: Final = (
+    "must not hold a comma or a line break, nor a control or bidirectional character "
+    "(text protocols separate their fields with them: Gobbler's lines and the commas of its "
+    "first line, SSE's lines)"
+)
+
+
+def forbidden_character(text: str) -> bool:
+    """Whether ``text`` holds one of :data:`FORBIDDEN_CHARACTERS` (ASCII first: no regex)."""
+    if text.isascii():
+        return "," in text or not text.isprintable()
+    return FORBIDDEN_CHARACTERS.search(text) is not None
 
 
 def as_mapping(publication: Publication) -> dict[str, Any]:
@@ -90,16 +112,14 @@ def _headers(
 
 def _identifier(value: Any, where: str, key: str, max_length: int) -> str | None:
     """A publisher's id: ``None``, or a non-empty string of at most ``max_length`` characters
-    without a comma or line break (Gobbler's format separates its fields with them)."""
+    without a comma, a line break or another of :data:`FORBIDDEN_CHARACTERS` (Gobbler's format
+    separates its fields with them)."""
     if value is None:
         return None
     if type(value) is not str or not value or len(value) > max_length:
         raise ValueError(f"{where}{key}: {_id_fault(value, max_length)}")
-    if "," in value or "\n" in value or "\r" in value:
-        raise ValueError(
-            f"{where}{key}: must not hold a comma or a line break (Gobbler's message format "
-            f"separates its fields with them): {value!r:.60}"
-        )
+    if forbidden_character(value):
+        raise ValueError(f"{where}{key}: {FORBIDDEN_TEXT}: {value!r:.60}")
     return value
 
 

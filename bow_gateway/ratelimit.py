@@ -28,6 +28,11 @@ class TokenBucket:
         self._tokens = tokens - 1
         return True
 
+    def delay(self) -> float:
+        """Seconds until :meth:`take` can spend a token (0: now), spending nothing."""
+        tokens = self._tokens + (time.monotonic() - self._stamp) * self._rate
+        return 0.0 if tokens >= 1 else (1 - tokens) / self._rate
+
     def reserve(self, max_wait: float) -> float | None:
         """Spend one token, now or in the future: the seconds to wait before using it (0: now),
         or None, spending nothing, when it would be more than ``max_wait`` away. Reservations

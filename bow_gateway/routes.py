@@ -64,6 +64,7 @@ def build_app(
         username=config.username,
         password=config.password,
         is_open=lambda path: path in open_paths or path.startswith(SOCKETIO_PATH),
+        max_failures_per_minute=config.max_auth_failures_per_minute,
     )
 
     fast: dict[bytes, FastRoute] = {}
@@ -84,7 +85,7 @@ def build_app(
         if not plain:  # a parameter may match a path the gateway keeps for itself
             handler = _not_on(handler, _gateway_path(config))
         elif accept_json is not None:
-            fast[spec.path.encode()] = FastRoute(accept_json, auth.header)
+            fast[spec.path.encode()] = FastRoute(accept_json, auth.header, auth.attempts)
         auth.add(app, "POST", spec.path, handler, checks_itself=plain)
     control.add_routes(lambda path, handler: auth.add(app, "POST", path, handler), inbounds)
     health = health_handler(serving, health_check, timeout=config.inbound_timeout)

@@ -227,6 +227,8 @@ class Bow:
             backplane.parse_position,
             max_count=config.recovery_max_count,
             max_age=config.recovery_max_age,
+            max_bytes=config.recovery_max_bytes,
+            max_scan=config.recovery_max_scan,
         )
         self._outbound = outbound = SocketOutbound(
             outbounds=self._outbounds,
@@ -240,8 +242,12 @@ class Bow:
                 expiry_grace=config.expiry_grace,
                 expire_v1_sockets=config.expire_v1_sockets,
                 max_sockets_per_id=config.max_sockets_per_id,
+                max_buffered_bytes_per_id=config.max_buffered_bytes_per_id,
+                max_anonymous=config.max_anonymous,
                 max_authenticates_per_minute=config.max_authenticates_per_minute,
                 max_filters=config.max_filters,
+                max_filters_per_id=config.max_filters_per_id,
+                max_filters_per_instance=config.max_filters_per_instance,
                 recovery_enabled=config.recovery_enabled,
                 max_replay=config.recovery_max_replay,
                 position_interval=config.position_interval,
@@ -254,7 +260,12 @@ class Bow:
             cors_origins=config.cors_origins,
             metrics=self.metrics,
             topic_history=(
-                TopicHistory(backplane.topic_bounds, backplane.topic_read, retentions)
+                TopicHistory(
+                    backplane.topic_bounds,
+                    backplane.topic_read,
+                    retentions,
+                    max_replays_per_minute=config.recovery_max_replays_per_minute,
+                )
                 if retentions
                 else None
             ),

@@ -86,17 +86,25 @@ def filter_matches(levels: tuple[str, ...], name: str) -> bool:
 
 
 class _Node(Generic[S]):
-    """One level of the trie: what follows it, and who holds a filter ending here."""
+    """A node of the trie: the level that leads to it (its key in its parent's ``children``),
+    then ``tail``, the levels of a chain without branches compressed into it (a filter's own
+    levels past the last it shares with another: one node per filter, not one per level); what
+    follows it, and who holds a filter ending here (None: nothing, no empty container kept)."""
 
-    __slots__ = ("children", "holders")
+    __slots__ = ("children", "holders", "tail")
 
-    def __init__(self) -> None:
-        self.children: dict[str, _Node[S]] = {}
-        self.holders: set[S] = set()
+    def __init__(self, tail: tuple[str, ...] = ()) -> None:
+        self.tail = tail
+        self.children: dict[str, _Node[S]] | None = None
+        self.holders: set[S] | None = None
 
 
 class TopicIndex(Generic[S]):
-    """The filters held by connections (or anything hashable), as a trie over levels.
+    """The filters held by connections (or anything hashable), as a compressed trie over levels.
+
+    Each distinct filter is held once, whoever holds it: its holders share its node (a set), and
+    each *owner* (a listener id, say: :meth:`add`'s ``owner``) counts the distinct filters its
+    holders hold (:meth:`owned`), so that a limit per owner counts filters, not sockets.
 
     :meth:`match` costs in proportion to the levels of the name, the nodes of the filters that
     match its first levels, and the holders it returns: never to the number of holders of
@@ -106,12 +114,17 @@ class TopicIndex(Generic[S]):
 
     def __init__(self) -> None:
         self._root: _Node[S] = _Node()
+        self._root.children = {}
         self.holders: dict[S, set[str]] = {}
         """Each holder with at least one filter (or held strictly), to its filters (read only:
         delivery skips :meth:`narrow` while it is empty)."""
         self.visited = 0
-        """Nodes the last :meth:`match` or :meth:`narrow` visited (the cost tests read it)."""
+        """Levels the last :meth:`match` or :meth:`narrow` walked (the cost tests read it)."""
+        self.subscriptions = 0
+        """Filters held, each counted once per holder (a holder's filter is one subscription)."""
         self._strict: set[S] = set()
+        self._owners: dict[S, Hashable] = {}  # each holder with a filter: the owner it counts for
+        self._owned: dict[Hashable, dict[str, int]] = {}  # owner: its filters, how many hold each
 
     def hold_strictly(self, holder: S) -> None:
         """Let ``holder`` receive only names its filters match, none while it holds none."""
@@ -128,24 +141,106 @@ class TopicIndex(Generic[S]):
     def filters_of(self, holder: S) -> frozenset[str]:
         return frozenset(self.holders.get(holder, ()))
 
-    def add(self, holder: S, text: str, levels: Iterable[str] | None = None) -> bool:
-        """Hold filter ``text`` (checked by :func:`parse_filter`, or its ``levels``); True if
-        new."""
+    def held(self, holder: S) -> int:
+        """How many filters ``holder`` holds."""
+        return len(self.holders.get(holder, ()))
+
+    def holds(self, holder: S, text: str) -> bool:
+        return text in self.holders.get(holder, ())
+
+    def owned(self, owner: Hashable) -> int:
+        """How many distinct filters the holders counted for ``owner`` hold."""
+        return len(self._owned.get(owner, ()))
+
+    def owns(self, owner: Hashable, text: str) -> bool:
+        """Whether a holder counted for ``owner`` holds ``text``."""
+        return text in self._owned.get(owner, ())
+
+    def add(
+        self,
+        holder: S,
+        text: str,
+        levels: Iterable[str] | None = None,
+        *,
+        owner: Hashable = None,
+    ) -> bool:
+        """Hold filter ``text`` (checked by :func:`parse_filter`, or its ``levels``), counted for
+        ``owner`` (a holder counted for another owner moves to this one, its filters with it);
+        True if new."""
+        self.rehome(holder, owner)
         filters = self.holders.get(holder)
         if filters is not None and text in filters:
             return False
-        node = self._root
-        for level in text.split(SEPARATOR) if levels is None else levels:
-            child = node.children.get(level)
-            if child is None:
-                child = node.children[level] = _Node()
-            node = child
-        node.holders.add(holder)
+        node = self._insert(tuple(text.split(SEPARATOR) if levels is None else levels))
+        if node.holders is None:
+            node.holders = {holder}
+        else:
+            node.holders.add(holder)
         if filters is None:
             self.holders[holder] = {text}
         else:
             filters.add(text)
+        self._owners[holder] = owner
+        counts = self._owned.get(owner)
+        if counts is None:
+            counts = self._owned[owner] = {}
+        counts[text] = counts.get(text, 0) + 1
+        self.subscriptions += 1
         return True
+
+    def rehome(self, holder: S, owner: Hashable) -> None:
+        """Count ``holder``'s filters for ``owner`` from now on (its listener id changed)."""
+        before = self._owners.get(holder, owner)
+        if before == owner:
+            return
+        filters = self.holders.get(holder, ())
+        for text in filters:
+            self._disown(before, text)
+        counts = self._owned.setdefault(owner, {})
+        for text in filters:
+            counts[text] = counts.get(text, 0) + 1
+        self._owners[holder] = owner
+
+    def _disown(self, owner: Hashable, text: str) -> None:
+        counts = self._owned[owner]
+        left = counts[text] - 1
+        if left:
+            counts[text] = left
+        else:
+            del counts[text]
+            if not counts:
+                del self._owned[owner]
+
+    def _insert(self, levels: tuple[str, ...]) -> _Node[S]:
+        """The node of ``levels``, made (and a chain split) if need be."""
+        node = self._root
+        position, count = 0, len(levels)
+        while position < count:
+            key = levels[position]
+            children = node.children
+            if children is None:
+                children = node.children = {}
+            child = children.get(key)
+            position += 1
+            if child is None:
+                child = children[key] = _Node(levels[position:])
+                return child
+            tail = child.tail
+            shared = 0
+            while (
+                shared < len(tail)
+                and position + shared < count
+                and tail[shared] == levels[position + shared]
+            ):
+                shared += 1
+            if shared < len(tail):  # the chain forks (or ends) inside: split it there
+                middle: _Node[S] = _Node(tail[:shared])
+                middle.children = {tail[shared]: child}
+                child.tail = tail[shared + 1 :]
+                children[key] = child = middle
+            position += shared
+            node = child
+        return node
 
     def remove(self, holder: S, text: str) -> bool:
         """Stop holding exactly ``text`` (no subset or superset); True if it was held."""
@@ -155,17 +250,41 @@ class TopicIndex(Generic[S]):
         filters.discard(text)
         if not filters and holder not in self._strict:
             del self.holders[holder]
-        path: list[tuple[_Node[S], str]] = []
+        self._disown(self._owners[holder], text)
+        if not filters:
+            del self._owners[holder]
+        self.subscriptions -= 1
+        levels = text.split(SEPARATOR)
+        path: list[tuple[_Node[S], str]] = []  # each node walked, and the key of the next
         node = self._root
-        for level in text.split(SEPARATOR):
-            path.append((node, level))
-            node = node.children[level]
+        position = 0
+        while position < len(levels):
+            key = levels[position]
+            path.append((node, key))
+            assert node.children is not None
+            node = node.children[key]
+            position += 1 + len(node.tail)
+        assert node.holders is not None
         node.holders.discard(holder)
-        for parent, level in reversed(path):  # prune the nodes nobody needs any more
-            child = parent.children[level]
-            if child.holders or child.children:
+        if not node.holders:
+            node.holders = None
+        for parent, key in reversed(path):  # prune the nodes nobody needs any more
+            if node.holders or node.children:
                 break
-            del parent.children[level]
+            assert parent.children is not None
+            del parent.children[key]
+            if not parent.children and parent is not self._root:
+                parent.children = None
+            node = parent
+        if (
+            node is not self._root
+            and not node.holders
+            and node.children
+            and len(node.children) == 1
+        ):
+            [(key, only)] = node.children.items()  # a chain again: one node
+            node.tail = (*node.tail, key, *only.tail)
+            node.children, node.holders = only.children, only.holders
         return True
 
     def discard(self, holder: S) -> None:
@@ -174,6 +293,7 @@ class TopicIndex(Generic[S]):
         for text in list(self.holders.get(holder, ())):
             self.remove(holder, text)
         self.holders.pop(holder, None)
+        self._owners.pop(holder, None)
 
     def match(self, name: str) -> set[S]:
         """Every holder of a filter matching ``name``."""
@@ -207,14 +327,31 @@ class TopicIndex(Generic[S]):
         found: list[set[S]] = []
         visited = 0
         last = len(parts)
-        # (node, depth): ``node`` matched the first ``depth`` levels of the name
+        # (node, depth): the levels leading to ``node``'s tail matched the first ``depth``
         pending: list[tuple[_Node[S], int]] = [(self._root, 0)]
         system = is_system_name(name)
         while pending:
             node, depth = pending.pop()
             visited += 1
+            tail = node.tail
+            if tail:  # a chain: each level a name's level, '+', or a last '#'
+                for level in tail:
+                    if level == ALL_LEVELS:
+                        depth = -1
+                        break
+                    if depth == last or (level != ONE_LEVEL and level != parts[depth]):
+                        depth = -2
+                        break
+                    depth += 1
+                    visited += 1
+                if depth < 0:
+                    if depth == -1:  # '#' matches what is left, the parent level included
+                        visited += 1
+                        if node.holders:
+                            found.append(node.holders)
+                    continue
             children = node.children
-            if not children:
+            if children is None:
                 if depth == last and node.holders:
                     found.append(node.holders)
                 continue

@@ -2,10 +2,12 @@
 
 HS256 (and HS384/HS512) with a shared secret, or RS256/ES256 (and kin) with a public key; the
 algorithms are pinned by configuration, never read from the token. ``exp`` and ``nbf`` are checked
-when present, ``aud`` and ``iss`` when configured. A token's ``exp`` is also copied into the
-listener details as ``exp`` (whole seconds since the Unix epoch, plus the ``leeway``): when the
-gateway asks a protocol-2 socket to re-authenticate. A shared secret shorter than its algorithm's
-hash is refused (RFC 7518, section 3.2): 32 bytes for HS256, 48 for HS384, 64 for HS512.
+when present (an expired token raises :class:`~bow_gateway.codes.TokenExpired`, a ``ValueError``
+the gateway refuses with 4003), ``aud`` and ``iss`` when configured. A token's ``exp`` is also
+copied into the listener details as ``exp`` (whole seconds since the Unix epoch, plus the
+``leeway``): when the gateway asks a protocol-2 socket to re-authenticate. A shared secret
+shorter than its algorithm's hash is refused (RFC 7518, section 3.2): 32 bytes for HS256, 48 for
+HS384, 64 for HS512.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jwt
+
+from bow_gateway.codes import TokenExpired
 
 _HMAC = {"HS256", "HS384", "HS512"}
 # RFC 7518, section 3.2: "a key of the same size as the hash output ... or larger MUST be used".
@@ -89,6 +93,8 @@ class JwtOutbound:
                 leeway=self._leeway,
                 options={"require": self._require, "verify_aud": self._audience is not None},
             )
+        except jwt.ExpiredSignatureError as error:  # 4003 token_expired, not 4002
+            raise TokenExpired(f"invalid token: {error}") from None
         except jwt.PyJWTError as error:
             raise ValueError(f"invalid token: {error}") from None
         if self._id_claim not in claims:

@@ -554,3 +554,163 @@ async def test_a_plain_http_get_is_refused_with_400(gateway: Gateway) -> None:
     async with gateway.http.get(gateway.url + "/broker") as response:
         assert response.status == 400
         assert (await response.json())["code"] == 4000
+
+
+# -- hostile publishes and binds (issue 27) ------------------------------------------------------
+
+
+def publish_as_is(details: Mapping[str, Any] | None, topic: str, body: str) -> dict[str, Any]:
+    """A publish hook that takes the topic as the message's name, to the whole desk: what a
+    careless hook does, so that only the gateway's rule on names stands in the way."""
+    return {"name": topic, "payload": body, "audience": QUOTES}
+
+
+async def refusal(client: FlywheelClient) -> str:
+    """The next frame must be the errors topic's: its description."""
+    topic, body = await client.receive()
+    assert topic.endswith("/rx/errors"), (topic, body)
+    [error] = json.loads(body)
+    return str(error["description"])
+
+
+async def test_a_publish_named_disconnect_is_refused_and_closes_nobody(
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
+    """Guards against ``P __disconnect bye`` closing every member of the desk (4006) on every
+    protocol: a client may not publish the gateway's names."""
+    gateway = await serve(flywheel_bow(publish=publish_as_is))
+    attacker = await FlywheelClient.open(http, gateway.url)
+    victim = await FlywheelClient.open(http, gateway.url)
+    try:
+        await attacker.bind(auth=bearer("T1", {"desk": "fx"}))
+        await victim.bind(auth=bearer("T2", {"desk": "fx"}), subscribe=["quotes/#"])
+        socketio = await gateway.listener(token("T3", {"desk": "fx"}), "v1")
+        await attacker.publish("__disconnect", "bye")
+        assert "'__disconnect' is reserved: a client may not publish" in await refusal(attacker)
+        await gateway.push({"name": "quotes/x", "payload": "sentinel", "audience": QUOTES})
+        assert await victim.receive() == ("quotes/x", "sentinel")
+        assert await socketio.expect("quotes/x") == "sentinel"
+    finally:
+        await attacker.close()
+        await victim.close()
+
+
+@pytest.mark.parametrize("kind", ["alerts", "errors", "dm"])
+async def test_a_publish_to_another_session_s_remote_topic_is_refused(
+    serve: Serve, http: aiohttp.ClientSession, kind: str
+) -> None:
+    """Guards against ``P $remote/{victim}/rx/alerts`` reaching the victim as the gateway's
+    own alert (or error) frame, written by the attacker."""
+    gateway = await serve(flywheel_bow(publish=publish_as_is))
+    attacker = await FlywheelClient.open(http, gateway.url)
+    victim = await FlywheelClient.open(http, gateway.url)
+    try:
+        await attacker.bind(auth=bearer("T1", {"desk": "fx"}))
+        await victim.bind(sessionId="victim-1", auth=bearer("T2", {"desk": "fx"}))
+        forged = json.dumps({"code": 4100, "reason": "refresh_required", "text": "forged"})
+        await attacker.publish(f"$remote/victim-1/rx/{kind}", forged)
+        assert "is reserved: a client may not publish" in await refusal(attacker)
+        await gateway.push({"name": "$remote/victim-1/rx/x", "payload": "real", "audience": QUOTES})
+        assert await victim.receive() == ("$remote/victim-1/rx/x", "real")
+    finally:
+        await attacker.close()
+        await victim.close()
+
+
+@pytest.mark.parametrize(
+    ("topic", "why"),
+    [
+        ("quotes/x\n{}\nforged", "must not hold a comma or a line break"),
+        ("quotes/x,7,ADMIN,app,m-9,1700000000", "must not hold a comma"),
+        ("quotes/\u202egnp", "nor a control or bidirectional character"),
+        ("quotes/x\x00", "nor a control or bidirectional character"),
+        ("quotes/x/", "has an empty level"),
+        ("quotes//x", "has an empty level"),
+        ("quotes/#", "has a + or # level"),
+    ],
+)
+async def test_a_publish_whose_name_could_forge_a_frame_is_refused(
+    serve: Serve, http: aiohttp.ClientSession, topic: str, why: str
+) -> None:
+    gateway = await serve(flywheel_bow(publish=publish_as_is))
+    publisher = await FlywheelClient.open(http, gateway.url)
+    subscriber = await FlywheelClient.open(http, gateway.url)
+    try:
+        await publisher.bind(auth=bearer("T1", {"desk": "fx"}))
+        await subscriber.bind(auth=bearer("T2", {"desk": "fx"}), subscribe=["#"])
+        await publisher.publish(topic, "body")
+        assert why in await refusal(publisher)
+        await gateway.push({"name": "quotes/x", "payload": "sentinel", "audience": QUOTES})
+        assert await subscriber.receive() == ("quotes/x", "sentinel")
+    finally:
+        await publisher.close()
+        await subscriber.close()
+
+
+async def test_a_session_id_held_by_another_listener_is_refused(
+    gateway: Gateway, open_client: Open
+) -> None:
+    """Guards against a client binding another's ``sessionId`` to read its direct messages."""
+    owner = await trader(open_client, "T1", sessionId="s-owned")
+    thief = await open_client()
+    response = await thief.bind(sessionId="s-owned", auth=bearer("T2", {"desk": "fx"}))
+    [error] = response["errors"]
+    assert error["type"] == "General" and "held by another listener" in error["description"]
+    anonymous = await open_client()
+    assert (await anonymous.bind(sessionId="s-owned"))["errors"] != []  # anonymous: another
+    await thief.bind(subscribe=["quotes/#"])
+    await gateway.push({"name": "$remote/s-owned/rx/dm", "payload": "secret", "audience": QUOTES})
+    await gateway.push({"name": "quotes/x", "payload": "sentinel", "audience": QUOTES})
+    assert await owner.receive() == ("$remote/s-owned/rx/dm", "secret")
+    assert await thief.receive() == ("quotes/x", "sentinel")
+
+
+async def test_the_same_listener_may_bind_its_session_on_another_connection(
+    gateway: Gateway, open_client: Open
+) -> None:
+    """A reconnection while the old connection lingers: the same id, the same session."""
+    first = await trader(open_client, "T1", sessionId="s-mine")
+    second = await trader(open_client, "T1", sessionId="s-mine")
+    await gateway.push({"name": "$remote/s-mine/rx/dm", "payload": "both", "audience": QUOTES})
+    assert await first.receive() == ("$remote/s-mine/rx/dm", "both")
+    assert await second.receive() == ("$remote/s-mine/rx/dm", "both")
+
+
+async def test_a_session_is_free_again_once_its_holders_are_gone(
+    gateway: Gateway, open_client: Open
+) -> None:
+    first = await trader(open_client, "T1", sessionId="s-free")
+    await first.close()
+    await asyncio.sleep(0.2)  # the gateway sees the close
+    second = await trader(open_client, "T2", sessionId="s-free")
+    await gateway.push({"name": "$remote/s-free/rx/dm", "payload": "now", "audience": QUOTES})
+    assert await second.receive() == ("$remote/s-free/rx/dm", "now")
+
+
+async def test_an_upgrade_lets_go_of_a_session_shared_with_anonymous_connections(
+    gateway: Gateway, open_client: Open
+) -> None:
+    """Two anonymous connections may share a session; the one that becomes a listener leaves
+    it, so that it never shares a session with another identity."""
+    one, two = await open_client(), await open_client()
+    assert (await one.bind(sessionId="s-anon"))["errors"] == []
+    assert (await two.bind(sessionId="s-anon"))["errors"] == []
+    response = await one.bind(auth=bearer("T1", {"desk": "fx", "public": True}))
+    assert "held by another listener" in response["errors"][0]["description"]
+    anyone = [{"public": True}]
+    await gateway.push({"name": "$remote/s-anon/rx/dm", "payload": "anon", "audience": anyone})
+    assert await two.receive() == ("$remote/s-anon/rx/dm", "anon")
+    assert await one.nothing_within(0.3)
+
+
+@pytest.mark.parametrize("session", ["a b", "a,b", "a\nb", "a\u202eb", "a\x00b", "a/b"])
+async def test_a_session_id_no_remote_name_could_hold_is_refused(
+    open_client: Open, session: str
+) -> None:
+    client = await open_client()
+    response = await client.bind(sessionId=session, auth=bearer("T1", {"desk": "fx"}))
+    [error] = response["errors"]
+    assert error["type"] == "General" and error["description"].startswith("sessionId must be")
+    await client.publish("news/x", "1")  # refused by the hook: on anon, not on the session
+    topic, _ = await client.receive()
+    assert topic == "$remote/anon/rx/errors"

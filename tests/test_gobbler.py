@@ -404,3 +404,133 @@ async def test_subscriptions_past_max_filters_are_refused(
     await client.send("+ /c")
     assert "at most 2 subscriptions" in (await client.status("!error-bad-request")).text
     await client.close()
+
+
+# -- hostile sends (issue 27) ---------------------------------------------------------------------
+
+
+async def test_a_send_whose_path_forges_the_sender_is_refused(
+    gateway: Gateway, open_client: Open
+) -> None:
+    """Guards against commas in a path forging the first line's fields: ``publisherUserId``
+    read ``ADMIN`` by every subscriber."""
+    listener = await open_client("U2")
+    await listener.send(f"+ {ROOM}")
+    await listener.status("#subscribed-to")
+    attacker = await open_client("U1")
+    await attacker.send(f"> {ROOM},7,ADMIN,admin-app,m-9,1700000000 m1\nHello")
+    refused = await attacker.status("!error-send")
+    assert refused.text.startswith("m1 ") and "must not hold a comma" in refused.text
+    assert "sequenceId" not in refused.data
+    await say(gateway, 1)
+    got = await listener.message()
+    assert (got.path, got.user_id, got.body) == (ROOM, "", "message 1")
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("__disconnect", "a client may not publish names starting with __ or $"),
+        ("$remote/s-1/rx/alerts", "a client may not publish names starting with __ or $"),
+        ("/chat/room1\x85forged", "nor a control or bidirectional character"),
+        ("/chat/\u202e1moor", "nor a control or bidirectional character"),
+        ("/chat/room1\r", "nor a control or bidirectional character"),
+        ("/chat/room1/", "has an empty level"),
+        ("/chat//room1", "has an empty level"),
+        ("/chat/+", "has a + or # level"),
+    ],
+)
+async def test_a_send_to_a_path_no_message_may_have_is_an_error_send(
+    gateway: Gateway, open_client: Open, path: str, why: str
+) -> None:
+    listener = await open_client("U2")
+    await listener.send("+ /chat")
+    await listener.status("#subscribed-to")
+    client = await open_client()
+    await client.send(f"> {path} m3\nHello")
+    refused = await client.status("!error-send")
+    assert refused.text.startswith("m3 ") and why in refused.text, refused
+    assert refused.data["path"] == path and refused.data["publisherMessageId"] == "m3"
+    await say(gateway, 1)
+    assert (await listener.message()).body == "message 1"
+
+
+async def test_a_send_s_message_id_is_held_to_the_same_characters(
+    gateway: Gateway, open_client: Open
+) -> None:
+    client = await open_client()
+    await client.send(f"> {ROOM} m\u202e4\nHello")
+    refused = await client.status("!error-send")
+    assert "message_id: must not hold a comma or a line break" in refused.text
+
+
+@pytest.mark.parametrize(
+    ("topic", "why"),
+    [
+        ("chat/room1%00", "nor a control or bidirectional character"),
+        ("chat/room1%E2%80%AE", "nor a control or bidirectional character"),
+        ("chat/room1%2C7%2CADMIN", "must not hold a comma"),
+        ("chat/room1/", "has an empty level"),
+        ("chat//room1", "has an empty level"),
+    ],
+)
+async def test_a_rest_publish_to_a_path_no_message_may_have_is_422(
+    gateway: Gateway, open_client: Open, topic: str, why: str
+) -> None:
+    listener = await open_client()
+    await listener.send("+ /chat")
+    await listener.status("#subscribed-to")
+    url = gateway.url + "/api/message/" + topic
+    async with gateway.http.post(url, data=b"Hello", headers=AUTH) as response:
+        assert response.status == 422
+        assert why in await response.text()
+    await say(gateway, 1)
+    assert (await listener.message()).body == "message 1"
+
+
+# -- issue 27: replays are bounded --------------------------------------------------------
+
+
+async def test_a_replay_flood_is_rate_limited_per_connection_and_per_listener_id(
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
+    gateway = await serve(gobbler_bow(recovery={"max_replays_per_minute": 5}))
+    await fill(gateway, 3)
+    first = await GobblerClient.open(http, gateway.url, token("U1", {"room": 1}))
+    await first.status("#ok-connected")
+    for _ in range(5):
+        start, messages, _ = await first.fetch(f"+ {ROOM} 0 100")
+        assert start.text == f"{ROOM} 3" and len(messages) == 3
+    await first.send(f"+ {ROOM} 0 100")
+    refused = await first.status("!error-bad-request")
+    assert "recovery.max_replays_per_minute" in refused.text
+    # Another connection of the same listener id shares the id's bucket
+    second = await GobblerClient.open(http, gateway.url, token("U1", {"room": 1}))
+    await second.status("#ok-connected")
+    await second.send(f"+ {ROOM} -1")
+    assert "replays a minute" in (await second.status("!error-bad-request")).text
+    # Another listener is not affected
+    other = await GobblerClient.open(http, gateway.url, token("U2", {"room": 1}))
+    await other.status("#ok-connected")
+    start, messages, _ = await other.fetch(f"+ {ROOM} 0 100")
+    assert len(messages) == 3
+    for client in (first, second, other):
+        await client.close()
+
+
+async def test_a_fetch_over_recovery_max_bytes_is_refused_and_subscribes_to_nothing(
+    serve: Serve, open_client: Open
+) -> None:
+    gateway = await serve(gobbler_bow(recovery={"max_bytes": 50_000}))
+    for _ in range(4):
+        await gateway.push({"name": ROOM, "payload": "x" * 20_000, "audience": MEMBERS})
+    client = await GobblerClient.open(gateway.http, gateway.url, token("U1", {"room": 1}))
+    await client.status("#ok-connected")
+    await client.send(f"+ {ROOM} 0")
+    refused = await client.status("!error-bad-request")
+    assert "recovery.max_bytes" in refused.text
+    await say(gateway, 99)
+    assert await client.nothing_within(0.3)  # not subscribed
+    start, messages, _ = await client.fetch(f"+ {ROOM} -2 2")  # 40 KB: within the bound
+    assert start.text == f"{ROOM} 2" and len(messages) == 2
+    await client.close()

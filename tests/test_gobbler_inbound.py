@@ -248,3 +248,25 @@ async def stream_event(url: str, position: str) -> Any:
     found = [data[b"d"] for entry_id, data in entries if position.endswith(f".{entry_id.decode()}")]
     assert len(found) == 1, (position, entries)
     return decode_event(found[0])
+
+
+@pytest.mark.parametrize(
+    ("path", "error"),
+    [
+        ("/api/message/foo%00", "invalid message: name: '/foo\\x00' must not hold a comma"),
+        ("/api/message/foo%E2%80%AE", "invalid message: name: '/foo\\u202e' must not hold"),
+        ("/api/message/foo/", "invalid message: name: '/foo/' has an empty level"),
+        ("/api/message/chat//room1", "invalid message: name: '/chat//room1' has an empty level"),
+        ("/api/message/foo?userId=%E2%80%AEnimda", "invalid message: user_id: must not hold"),
+        ("/api/message/foo?messageId=1%0D%0A2", "invalid message: message_id: must not hold"),
+    ],
+    ids=["nul", "rtl-override", "trailing-slash", "empty-level", "rtl-user-id", "crlf-id"],
+)
+async def test_names_and_ids_that_could_forge_a_field_are_refused_with_422(
+    post: Post, listener: Listener, path: str, error: str
+) -> None:
+    status, text = await post(path)
+    assert status == 422
+    assert text.startswith(f"422: {error}"), text
+    assert await post("/api/message/after") == (204, "")
+    assert (await listener.next())[0] == "/after"  # nothing of the refused ones came first

@@ -221,3 +221,26 @@ async def test_sequences_go_on_across_a_gateway_restart(
     events, _ = await replay(client, {"topic": ROOM, "start": 0})
     assert [meta["sequence"] for _, _, meta in events] == [1, 2, 3, 4]
     await again.close()
+
+
+# -- issue 27: replays are rate-limited ---------------------------------------------------
+
+
+async def test_a_replay_flood_gets_too_many_requests(serve: Serve) -> None:
+    gateway = await serve(recovery={"max_replays_per_minute": 4})
+    client = await member(gateway)
+    await say(gateway, 1)
+    await gateway.settle()
+    results = []
+    for _ in range(6):
+        _, result = await replay(client, {"topic": ROOM, "start": 0})
+        results.append(result)
+    assert results[:4] == [{"count": 1}] * 4
+    for result in results[4:]:
+        assert result["error"]["code"] == 4011
+        assert result["error"]["reason"] == "too_many_requests"
+    # the id's bucket: another socket of U1 is refused too; U2 is not
+    again = await member(gateway)
+    assert (await replay(again, {"topic": ROOM, "start": 0}))[1]["error"]["code"] == 4011
+    other = await member(gateway, "U2")
+    assert (await replay(other, {"topic": ROOM, "start": 0}))[1] == {"count": 1}

@@ -516,3 +516,50 @@ def test_an_inbound_path_under_the_control_prefix_is_a_value_error(path: str) ->
         standard_bow().inbound(
             path=path, create_message_from_request_body=lambda b: b, middleware_version="v1.1"
         )
+
+
+# -- names that could forge a frame (issue 27) -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("news\nevent: alert", "must not hold a comma or a line break"),  # SSE's lines
+        ("news\r\ndata: forged", "must not hold a comma or a line break"),
+        ("/chat/room1,7,ADMIN", "must not hold a comma"),  # Gobbler's first line
+        ("news\u202e", "nor a control or bidirectional character"),
+        ("news\x00", "nor a control or bidirectional character"),
+        ("news\u2028", "nor a control or bidirectional character"),
+        ("news/", "has an empty level"),
+        ("news//fx", "has an empty level"),
+        ("news/#", "has a + or # level"),
+    ],
+)
+async def test_a_name_that_could_forge_a_frame_gets_422(
+    push: Push, listeners: Callable[..., Awaitable[Listener]], name: str, why: str
+) -> None:
+    admin = await listeners("USER/1", {"role": "admin"})
+    response = await push({"name": name, "audience": [{"role": "admin"}]})
+    assert response.status == 422
+    text = await response.text()
+    assert text.startswith(f"422: invalid message: name: {name!r}") and why in text, text
+    assert (await push(MESSAGE)).status == 204
+    assert (await admin.next_event())[0] == "NEW_ARTICLE"  # nothing of the refused one first
+
+
+async def test_a_batch_with_a_forging_name_is_refused_whole_naming_its_index(push: Push) -> None:
+    batch = [MESSAGE, {"name": "a,b", "audience": []}]
+    response = await push(batch)
+    assert response.status == 422
+    assert (await response.text()).startswith("422: invalid message: 1.name: 'a,b' must not")
+
+
+@pytest.mark.parametrize(
+    "name", ["user joined", "Grüße/日本語", "/chat/room1", "family/👨\u200d👩\u200d👧", "a#b"]
+)
+async def test_names_with_spaces_letters_and_a_leading_slash_stay_valid(
+    push: Push, listeners: Callable[..., Awaitable[Listener]], name: str
+) -> None:
+    admin = await listeners("USER/1", {"role": "admin"})
+    assert (await push({"name": name, "audience": [{"role": "admin"}]})).status == 204
+    assert (await admin.next_event())[0] == name

@@ -5,7 +5,9 @@ what no route takes is refused the same way before its 404 or 405."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,9 +17,9 @@ from aiohttp import web
 from bow_gateway.inbounds.passthrough import create_message_from_request_body
 
 from bow_gateway import Bow
-from bow_gateway.inbound_auth import BasicAuth
+from bow_gateway.inbound_auth import BasicAuth, FailedAttempts, client_address
 
-from .support import AUTH, PASSWORD, REALM, USER, base_config, standard_bow
+from .support import AUTH, PASSWORD, PATH, REALM, USER, base_config, standard_bow
 
 StartBow = Callable[[Bow], Awaitable[Bow]]
 
@@ -157,3 +159,71 @@ async def test_a_request_for_no_path_at_all_is_401_too(url: str) -> None:
     status = await reader.readline()
     writer.close()
     assert status.startswith(b"HTTP/1.1 401 ")
+
+
+# -- failed attempts, rate-limited per client address (issue 27) ---------------------------------
+
+
+async def test_wrong_passwords_past_the_rate_are_429_then_every_request_of_the_address(
+    start_bow: StartBow, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Regression: 500 wrong passwords were answered 401 in 0.2 s, as many guesses.
+    caplog.set_level(logging.DEBUG)
+    inbound = {"realm": REALM, "username": USER, "password": PASSWORD}
+    config = base_config(inbound={**inbound, "max_auth_failures_per_minute": 6})
+    bow = await start_bow(standard_bow(config))
+    url = f"http://127.0.0.1:{bow.port}{PATH}"
+    body = {"name": "x", "audience": [{"role": "admin"}]}
+    async with aiohttp.ClientSession() as http:
+        for _ in range(
+            100
+        ):  # the credentials never count: a backend that has them is never limited
+            async with http.post(url, json=body, headers=AUTH) as response:
+                assert response.status == 204
+        statuses = []
+        for _ in range(100):
+            async with http.post(url, json=body, headers=WRONG) as response:
+                statuses.append(response.status)
+                if response.status == 429:
+                    retry_after = int(response.headers["Retry-After"])
+                    assert 1 <= retry_after <= 10, retry_after
+                    assert "WWW-Authenticate" not in response.headers
+        assert statuses == [401] * 6 + [429] * 94
+        async with http.post(url, json=body) as response:
+            assert response.status == 429  # without credentials too, while blocked
+    # the right credentials from that address, on a new connection: the fast path's plain JSON
+    # POST, and aiohttp's (another content type), are refused as well until the block ends
+    for content in ({"json": body}, {"data": b"{}", "headers": {"Content-Type": "text/plain"}}):
+        async with aiohttp.ClientSession(headers=AUTH) as fresh:
+            async with fresh.post(url, **content) as response:  # type: ignore[arg-type]
+                assert response.status == 429 and "Retry-After" in response.headers
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{bow.port}/health") as response:
+            assert response.status == 200  # open paths are not behind the credentials
+    assert PASSWORD not in caplog.text
+    assert AUTH["Authorization"] not in caplog.text and WRONG["Authorization"] not in caplog.text
+    assert "127.0.0.1 blocked" in caplog.text
+
+
+def test_a_block_ends_when_the_bucket_has_a_token_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    attempts = FailedAttempts(6)  # 6 at once, then one each 10 s
+    assert [attempts.failed("10.0.0.1") for _ in range(6)] == [None] * 6
+    assert attempts.failed("10.0.0.1") == pytest.approx(10.0)
+    assert attempts.retry_after("10.0.0.1") == pytest.approx(10.0)
+    assert attempts.retry_after("10.0.0.2") is None  # another address is not blocked
+    now[0] += 10.5
+    assert attempts.retry_after("10.0.0.1") is None
+    assert not attempts.blocked  # dropped: requests are back to one test of an empty dict
+    assert attempts.failed("10.0.0.1") is None  # one more guess, then blocked again
+    assert attempts.failed("10.0.0.1") is not None
+
+
+def test_addresses_are_keyed_by_host_and_ipv6_by_their_64() -> None:
+    assert client_address(("192.0.2.7", 5000)) == "192.0.2.7"
+    assert client_address(("::ffff:192.0.2.7", 5000, 0, 0)) == "192.0.2.7"
+    one = client_address(("2001:db8:1:2::1", 5000, 0, 0))
+    assert one == client_address(("2001:db8:1:2:ffff::9", 1, 0, 0)) == "2001:0db8:0001:0002"
+    assert client_address(("2001:db8:1:3::1", 5000, 0, 0)) != one
+    assert client_address("") == client_address(None) == ""  # a Unix socket's peer

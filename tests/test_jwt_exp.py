@@ -11,6 +11,8 @@ import jwt
 import pytest
 from bow_gateway.outbounds.jwt import JwtOutbound, mint
 
+from bow_gateway.codes import TokenExpired
+
 from .support import SECRET
 
 
@@ -62,3 +64,14 @@ def test_the_leeway_delays_the_details_exp() -> None:
         JwtOutbound(secret=SECRET)(token)
     assert JwtOutbound(secret=SECRET, leeway=30)(token)["exp"] == exp + 30
     assert JwtOutbound(secret=SECRET, leeway=30.9)(token)["exp"] == exp + 30  # never later
+
+
+def test_an_expired_token_raises_token_expired_a_value_error() -> None:
+    # The gateway refuses it with 4003 token_expired (docs/protocol-2.md), not 4002.
+    token = signed(exp=int(time.time()) - 10)
+    with pytest.raises(TokenExpired, match="expired") as raised:
+        JwtOutbound(secret=SECRET)(token)
+    assert isinstance(raised.value, ValueError)
+    with pytest.raises(ValueError) as other:  # any other invalid token: not TokenExpired
+        JwtOutbound(secret=SECRET)(signed(exp=int(time.time()) + 60) + "x")
+    assert not isinstance(other.value, TokenExpired)

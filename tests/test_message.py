@@ -17,6 +17,7 @@ from bow_gateway.message import (
     _schema,
     decode_event,
     encode_event,
+    name_error,
     parse_json,
     validate_message,
 )
@@ -185,3 +186,80 @@ def test_the_bounds_of_headers_and_ids_are_arguments() -> None:
 def test_a_bad_header_in_a_batch_is_named_after_the_message_s_index() -> None:
     with pytest.raises(ValueError, match=re.escape("3.headers.Key: must be a string")):
         validate_message({"name": "N", "audience": [], "headers": {"Key": None}}, prefix="3")
+
+
+# -- names: the one rule of every way in (issue 27) ---------------------------------------------
+
+FORGING_NAMES = [
+    "/chat/room1,7,ADMIN,admin-app,m-9,1700000000",  # Gobbler's first line is comma-separated
+    "/chat/room1\n{}\nforged body",  # Gobbler's lines; SSE's `event:` line
+    "news\r\nevent: alert",
+    "a\x00b",
+    "a\tb",
+    "a\x1bb",
+    "a\x7fb",
+    "a\x85b",  # NEL, a C1 line break
+    "a\x9bb",  # CSI, a C1 control
+    "admin\u202egnp.exe",  # RIGHT-TO-LEFT OVERRIDE
+    "a\u2066b",  # LEFT-TO-RIGHT ISOLATE
+    "a\u200fb",  # RIGHT-TO-LEFT MARK
+    "a\u2028b",  # LINE SEPARATOR: a line break for JavaScript
+    "é,è",
+]
+
+
+@pytest.mark.parametrize("name", FORGING_NAMES)
+def test_a_name_that_could_forge_a_frame_or_a_field_is_refused(name: str) -> None:
+    assert name_error(name) is not None and name_error(name, client=True) is not None
+    for audience in ([{"a": 1}], [{"a": 1}, {"b": object()}]):  # the fast path, the schema
+        with pytest.raises(ValueError, match=r"^name: .* must not hold a comma or a line break"):
+            validate_message({"name": name, "audience": audience})
+
+
+@pytest.mark.parametrize(
+    "name", ["/chat/room1/", "/chat//room1", "/", "//chat", "chat/", "a/+/b", "#", "a/#"]
+)
+def test_empty_levels_but_the_first_and_wildcard_levels_are_refused(name: str) -> None:
+    with pytest.raises(ValueError, match=r"^name: .* has (an empty level|a \+ or # level)"):
+        validate_message({"name": name, "audience": []})
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "/chat/room1",  # Gobbler's leading /: an empty first level
+        "quotes/forex/EURUSD",
+        "user joined",  # spaces
+        "Grüße/日本語/мир",  # any letter
+        "family/👨\u200d👩\u200d👧",  # an emoji sequence joined by ZWJ
+        "a#b/c+d",  # + and # inside a level
+        "price: $42",
+        "__disconnect",
+        "$remote/s-1/rx/dm",
+    ],
+)
+def test_valid_names_stay_valid(name: str) -> None:
+    assert name_error(name) is None
+    assert validate_message({"name": name, "audience": []}).name == name
+    assert _plainly_valid({"name": name, "audience": []}) is not None
+
+
+@pytest.mark.parametrize("name", ["__disconnect", "__position", "$remote/s-1/rx/alerts", "$x"])
+def test_a_client_may_publish_neither_gateway_nor_dollar_names(name: str) -> None:
+    with pytest.raises(ValueError, match=r"^name: .* a client may not publish names starting"):
+        validate_message({"name": name, "audience": []}, client=True)
+    with pytest.raises(ValueError, match=r"^2\.name: .* a client may not publish"):
+        validate_message({"name": name, "audience": []}, client=True, prefix="2")
+
+
+def test_a_client_s_valid_name_is_taken() -> None:
+    assert validate_message({"name": "/chat/room1", "audience": []}, client=True).name == (
+        "/chat/room1"
+    )
+
+
+@pytest.mark.parametrize("value", ["a\x00b", "admin\u202e", "a\x85b", "a\u2028b", "a\tb"])
+@pytest.mark.parametrize("key", ["user_id", "application_id", "message_id"])
+def test_publisher_ids_are_held_to_the_same_characters(key: str, value: str) -> None:
+    with pytest.raises(ValueError, match=f"^{key}: must not hold a comma or a line break"):
+        validate_message({"name": "N", "audience": [], key: value})

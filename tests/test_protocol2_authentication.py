@@ -190,6 +190,18 @@ async def test_a_refresh_with_an_expired_token_gets_4003(serve: Serve) -> None:
     assert (await closed_with(client, 4003))["reason"] == "token_expired"
 
 
+async def test_an_already_expired_jwt_gets_4003_as_the_docs_say(serve: Serve) -> None:
+    # Regression (issue 27): the JWT outbound refused it as any invalid token, 4002.
+    gateway = await serve()
+    client = await gateway.connect()
+    await client.authenticate_unacked(mint("USER/1", SECRET, ttl=-10))
+    info = await closed_with(client, 4003)
+    assert info["reason"] == "token_expired" and info["reconnect"] == "new_token"
+    refreshed, _ = await gateway.listener(token("USER/1"))
+    await refreshed.authenticate_unacked(mint("USER/1", SECRET, ttl=-10))  # a refresh too
+    assert (await closed_with(refreshed, 4003))["reason"] == "token_expired"
+
+
 async def test_a_refresh_with_a_refused_token_gets_4002_and_the_old_one_does_not_linger(
     serve: Serve,
 ) -> None:
@@ -356,6 +368,24 @@ async def test_a_place_left_by_a_socket_of_the_id_can_be_taken(serve: Serve) -> 
     third, ack = await gateway.listener(token("USER/1"))
     assert ack["id"] == "USER/1"
     await gateway.sentinel([{"__id": "USER/1"}], second, third)
+
+
+async def test_anonymous_sockets_past_max_anonymous_get_4009(serve: Serve) -> None:
+    # Regression (issue 27): anonymous sockets had no bound but max_sockets.
+    gateway = await serve(anonymous_criteria={"public": True}, outbound={"max_anonymous": 2})
+    first, _ = await gateway.listener(None, {})
+    second, _ = await gateway.listener(None, {})
+    third = await gateway.connect()
+    await third.authenticate_unacked(None, {})
+    info = await closed_with(third, 4009)
+    assert info["reason"] == "too_many_sockets" and info["reconnect"] == "backoff"
+    _, ack = await gateway.listener(token("USER/1"))  # an id is not anonymous
+    assert ack["id"] == "USER/1"
+    await gateway.sentinel([{"public": True}], first, second)  # the older ones stay
+    assert (await first.authenticate(token("USER/2")))["id"] == "USER/2"  # its place is freed
+    fourth, ack = await gateway.listener(None, {})
+    assert ack["id"] is None
+    await gateway.sentinel([{"public": True}], second, fourth)
 
 
 async def test_stopping_the_gateway_sends_4012_to_a_protocol_2_socket(serve: Serve) -> None:

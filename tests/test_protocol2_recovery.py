@@ -7,6 +7,7 @@ epoch) and real python-socketio clients that keep every argument of every event.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -541,3 +542,104 @@ async def test_bow_position_header_is_there_without_recovery(serve: Serve) -> No
     client, _ = await gateway.listener(token("USER/1", AUTHOR))
     position = await gateway.push({"name": "m", "audience": BLOG_42})
     assert await client.expect("m") == (None, {"position": position})
+
+
+# -- issue 27: a recovery's cost is bounded, positions cannot be forged ---------------------
+
+
+async def test_the_window_is_bounded_in_bytes_recovery_max_bytes(serve: Serve) -> None:
+    gateway = await serve(recovery={"max_bytes": 100_000})
+    first, _ = await gateway.listener(token("USER/1", AUTHOR))
+    since = await live_position(gateway, first)
+    await first.close()
+    big = "x" * 30_000  # 4 of them are over 100,000 bytes: the oldest leave the window
+    await missed(gateway, [(f"small-{i}", BLOG_42) for i in range(3)])
+    for i in range(6):
+        await gateway.push({"name": f"pad-{i}", "payload": big, "audience": BLOG_7})
+    await gateway.settle()
+    again, ack = await gateway.listener(token("USER/1", AUTHOR), {"since": since})
+    assert (ack["recovered"], ack["reason"]) == (False, "too_old")
+    await gateway.sentinel(BLOG_42, again)
+    # The newest messages are still there: a position among them recovers what follows it
+    recent = await gateway.push({"name": "recent", "payload": big, "audience": BLOG_42})
+    after = await gateway.push({"name": "after", "audience": BLOG_42})
+    await gateway.settle()
+    third, ack = await gateway.listener(token("USER/2", AUTHOR), {"since": recent})
+    assert (ack["recovered"], ack["reason"]) == (True, None)
+    assert await third.expect("after") == (None, {"position": after, "replayed": True})
+
+
+async def test_over_max_scan_entries_a_recovery_is_too_many_however_few_match(
+    serve: Serve,
+) -> None:
+    gateway = await serve(recovery={"max_scan": 10})
+    first, _ = await gateway.listener(token("USER/1", AUTHOR))
+    since = await live_position(gateway, first)
+    await first.close()
+    await missed(gateway, [(f"other-{i}", BLOG_7) for i in range(12)])
+    again, ack = await gateway.listener(token("USER/1", AUTHOR), {"since": since})
+    assert (ack["recovered"], ack["reason"]) == (False, "too_many")
+    await gateway.sentinel(BLOG_42, again)
+
+
+async def test_a_position_forged_from_another_is_unknown(serve: Serve) -> None:
+    gateway = await serve()
+    first, _ = await gateway.listener(token("USER/1", AUTHOR))
+    seen = await live_position(gateway, first)
+    await first.close()
+    missed_position = (await missed(gateway, [("secret", BLOG_42)]))[0]
+    head, _, number = seen.rpartition(".")
+    forged = f"{head}.{int(number) + 1}"  # the next position, as one counting would guess it
+    assert forged != missed_position
+    again, ack = await gateway.listener(token("USER/1", AUTHOR), {"since": forged})
+    assert (ack["recovered"], ack["reason"]) == (False, "unknown_position")
+    await gateway.sentinel(BLOG_42, again)  # nothing replayed
+    # The real one, as given out, recovers
+    third, ack = await gateway.listener(token("USER/1", AUTHOR), {"since": seen})
+    assert (ack["recovered"], ack["reason"]) == (True, None)
+    assert (await third.expect("secret"))[1] == {"position": missed_position, "replayed": True}
+
+
+async def test_a_long_recovery_lets_live_delivery_go_on_and_ends_where_live_begins(
+    serve: Serve,
+) -> None:
+    """A recovery over a window of big messages takes turns with the event loop: a listener
+    pushed to every 20 ms meanwhile never waits 250 ms, and the recovering socket still gets its
+    replay, then what was delivered during it, each once, in order."""
+    gateway = await serve()
+    honest, _ = await gateway.listener(token("HONEST", {"blogId": 1}))
+    first, _ = await gateway.listener(token("USER/1", AUTHOR))
+    since = await live_position(gateway, first)
+    await first.close()
+    payload = [{"k": i, "v": "x"} for i in range(2_000)]  # decoding each: a fraction of a ms
+    sem = asyncio.Semaphore(8)
+
+    async def push_big(i: int) -> None:
+        async with sem:
+            name, audience = ("mine", BLOG_42) if i % 500 == 0 else ("big", BLOG_7)
+            await gateway.push({"name": name, "payload": payload, "audience": audience})
+
+    await asyncio.gather(*(push_big(i) for i in range(1_600)))
+    await gateway.settle()
+    stop = asyncio.Event()
+
+    async def tick() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            await gateway.push({"name": "tick", "payload": n, "audience": [{"blogId": 1}]})
+            await asyncio.sleep(0.02)
+
+    ticking = asyncio.create_task(tick())
+    await asyncio.sleep(0.3)
+    again, ack = await gateway.listener(token("USER/1", AUTHOR), {"since": since})
+    await asyncio.sleep(0.3)
+    stop.set()
+    await ticking
+    assert (ack["recovered"], ack["reason"]) == (True, None)
+    for _ in range(4):
+        assert (await again.expect("mine"))[1]["replayed"] is True
+    await gateway.sentinel(BLOG_42, again)
+    arrivals = [at for name, _, at in honest.log if name == "tick"]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+    assert len(arrivals) > 10 and max(gaps) < 0.25, max(gaps)

@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import shutil
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -18,7 +19,8 @@ from bow_gateway.outbounds.jwt import mint
 from bow_gateway import Bow
 from bow_gateway.outbound import sse
 
-from .support import AUTH, PATH, SECRET, WAIT, Gateway, base_config, standard_bow, token
+from .support import AUTH, PATH, SECRET, WAIT, Gateway, base_config, standard_bow, token, until
+from .test_protocol2_recovery import p2_bow
 
 BLOG_42 = [{"blogId": 42}]
 
@@ -369,3 +371,124 @@ async def test_a_comment_line_keeps_a_quiet_stream_open(
     stream = await open_stream(token("READER"))
     line = await asyncio.wait_for(stream.response.content.readline(), WAIT)
     assert line == b":\n"
+
+
+# -- hostile clients (issue 27) ------------------------------------------------------------------
+
+
+def bow_url(bow: Bow) -> str:
+    return f"http://127.0.0.1:{bow.port}"
+
+
+async def _silent_stream(port: int, query: str) -> socket.socket:
+    """A stream whose client never reads a byte, with a small receive buffer: what the gateway
+    writes to it waits on the gateway's side."""
+    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(client, ("127.0.0.1", port))
+    request = f"GET /events?{query} HTTP/1.1\r\nHost: gateway\r\n\r\n"
+    await loop.sock_sendall(client, request.encode())
+    return client
+
+
+async def test_the_streams_of_one_id_that_stop_reading_are_bounded_together(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> None:
+    # Regression: each of an id's streams could hold max_buffered_bytes (100 streams of one
+    # token: +136 MB); their sum is now bounded by max_buffered_bytes_per_id (4008 past it).
+    per_id, frame = 131_072, 8_192 + 256
+    outbound_config = {"max_buffered_bytes": 262_144, "max_buffered_bytes_per_id": per_id}
+    bow = await start_bow(standard_bow(base_config(outbound={"timeout": 5, **outbound_config})))
+    outbound = bow._outbound
+    assert outbound is not None
+    clients = [await _silent_stream(bow.port, f"token={token('READER')}") for _ in range(4)]
+    try:
+        await until(lambda: sum(c.authenticated for c in outbound.connections.values()) == 4)
+        body = {"name": "big", "audience": [{"__id": "READER"}], "text": "x" * 8_192}
+        most = 0
+        for _ in range(200):
+            async with http.post(bow_url(bow) + PATH, json=body, headers=AUTH) as response:
+                assert response.status == 204
+            await asyncio.sleep(0.005)
+            open_ = [c for c in outbound.connections.values() if c.closing is None]
+            most = max(most, sum(outbound.writer.buffered(c) for c in open_))
+            if not open_:
+                break
+        # what waits for the id's streams is never more than the bound and the last message
+        # written to each (a write is checked before it is made)
+        assert most <= per_id + 4 * frame, most
+        assert outbound.metrics.disconnects.labels("slow")._value.get() >= 1
+    finally:
+        for client in clients:
+            client.close()
+
+
+async def test_anonymous_streams_past_max_anonymous_are_503_with_4009(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> None:
+    config = base_config(outbound={"timeout": 5, "max_anonymous": 2})
+    bow = await start_bow(p2_bow(config, anonymous_criteria={"public": True}))
+    url = bow_url(bow) + "/events"
+    async with http.get(url) as first, http.get(url) as second:
+        assert (first.status, second.status) == (200, 200)
+        async with http.get(url) as third:
+            assert third.status == 503
+            assert third.headers["Retry-After"] == "1"
+            refused = await third.json()
+            assert (refused["code"], refused["reason"]) == (4009, "too_many_sockets")
+        async with http.get(url, params={"token": token("READER")}) as identified:
+            assert identified.status == 200  # a listener with an id is not anonymous
+    outbound = bow._outbound
+    assert outbound is not None
+    await until(lambda: not outbound.connections, "the streams to end")
+    async with http.get(url) as again:
+        assert again.status == 200  # the places of the streams that ended are free again
+
+
+async def test_an_already_expired_token_is_401_with_4003(
+    gateway: Gateway, open_stream: Open
+) -> None:
+    expired = mint("READER", SECRET, ttl=-10)
+    stream = await open_stream(expired, status=401)
+    refused = await stream.response.json()
+    assert (refused["code"], refused["reason"]) == (4003, "token_expired")
+    assert refused["reconnect"] == "new_token"
+
+
+async def test_the_filters_of_sse_streams_count_toward_their_ids_bound(
+    serve: Callable[[Bow], Awaitable[Gateway]],
+) -> None:
+    """Regression (issue 27): an SSE stream's filters escaped ``outbound.max_filters_per_id``,
+    so each more stream of one token made the index hold 100 more filters."""
+    config = base_config(outbound={"timeout": 5, "max_filters_per_id": 150})
+    gateway = await serve(standard_bow(config))
+    reader = token("READER", {"blogId": 42})
+
+    async def open_with(topics: list[str]) -> aiohttp.ClientResponse:
+        query = {"v": "v1.3"}
+        return await gateway.http.get(
+            gateway.url + "/events",
+            params=[*query.items(), *(("topic", topic) for topic in topics)],
+            headers={"Authorization": f"Bearer {reader}"},
+        )
+
+    first = await open_with([f"a/{k}" for k in range(100)])
+    second = await open_with([f"a/{k}" for k in range(50, 150)])  # 50 new: 150 in all
+    third = await open_with(["a/new"])
+    try:
+        assert (first.status, second.status) == (200, 200)
+        assert third.status == 400
+        refused = await third.json()
+        assert "at most 150 distinct filters" in refused["text"], refused
+        other = await gateway.http.get(
+            gateway.url + "/events",
+            params=[("v", "v1.3"), ("topic", "a/new")],
+            headers={"Authorization": f"Bearer {token('OTHER')}"},
+        )
+        assert other.status == 200  # another id has its own
+        other.close()
+    finally:
+        for response in (first, second, third):
+            response.close()

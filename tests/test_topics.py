@@ -241,8 +241,6 @@ def test_the_inbound_refuses_names_of_the_gateways_topics(name: str) -> None:
         validate_message({"name": name, "audience": [{"a": 1}, {"b": object()}]})
 
 
-@pytest.mark.parametrize(
-    "name", ["$remote/abc/rx/x", "$remote/abc/rx/", "$remote/s-1/rx/a/b", "a/$b", "/$b", "x$"]
-)
+@pytest.mark.parametrize("name", ["$remote/abc/rx/x", "$remote/s-1/rx/a/b", "a/$b", "/$b", "x$"])
 def test_the_inbound_takes_remote_names_and_dollars_past_the_first_level(name: str) -> None:
     assert validate_message({"name": name, "audience": [{"a": 1}]}).name == name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import secrets
 import time
@@ -12,20 +13,24 @@ from typing import Final
 
 from .base import Backplane, BackplaneUnavailable, Entry, Gap, Retention, Stored, with_sequence
 
-_POSITION: Final = re.compile(r"([0-9a-z]{1,32})\.([0-9]{1,20})")
+_POSITION: Final = re.compile(r"([0-9a-z]{1,32})\.[0-9a-f]{12}\.([0-9]{1,20})")
+TAG_BYTES: Final = 6  # random bytes of a position's tag (12 hex digits)
 
 
 class MemoryBackplane(Backplane):
     """One instance, no Redis: a bounded in-process queue between the inbound and the sockets.
 
     Its history lives in this process only, so each backplane starts a new random epoch, and its
-    positions are ``"{epoch}.{n}"``, ``n`` counting from 1.
+    positions are ``"{epoch}.{tag}.{n}"``, ``n`` counting from 1 (what orders them) and ``tag``
+    12 random hex digits of each position's own: no position can be made from another (the
+    recovery window knows each one it gave out exactly, and takes no other).
     """
 
     def __init__(self, max_pending: int = 10_000) -> None:
         self._max_pending = max_pending
         self._queue: asyncio.Queue[Entry | None] | None = None
         self._epoch = secrets.token_hex(6)
+        self._origin = f"{self._epoch}.{secrets.token_hex(TAG_BYTES)}.0"
         self._count = 0
         self._asks: dict[str, tuple[list[bytes], asyncio.Event]] = {}
         self._claims: dict[str, set[str]] = {}
@@ -103,11 +108,14 @@ class MemoryBackplane(Backplane):
     def _put(self, events: list[bytes]) -> list[str]:
         queue = self._check()
         positions = []
-        for data in events:
-            self._count += 1
-            position = f"{self._epoch}.{self._count}"
+        tags = os.urandom(TAG_BYTES * len(events)).hex()  # one system call for a batch
+        epoch, count, width = self._epoch, self._count, 2 * TAG_BYTES
+        for at, data in enumerate(events):
+            count += 1
+            position = f"{epoch}.{tags[at * width : (at + 1) * width]}.{count}"
             queue.put_nowait(Entry(position, data))
             positions.append(position)
+        self._count = count
         return positions
 
     async def events(self) -> AsyncIterator[Entry | Gap]:
@@ -122,7 +130,7 @@ class MemoryBackplane(Backplane):
         return []
 
     def origin(self) -> str | None:
-        return f"{self._epoch}.0"
+        return self._origin
 
     def parse_position(self, position: str) -> tuple[str, tuple[int, ...]] | None:
         match = _POSITION.fullmatch(position)

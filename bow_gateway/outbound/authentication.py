@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from .. import codes
+from ..codes import TokenExpired
 from ..criteria import ID_KEY, Criteria, ListenerId, validate_criteria, validate_listener_details
 from ..history import History
 from ..message import CriteriaEvent
@@ -40,6 +41,7 @@ class Authenticator:
         self._claim = claim
         self._release = release
         self._refreshes: dict[str, int] = {}  # per middleware version: refreshes begun
+        self._anonymous: set[str] = set()  # the anonymous connections held (max_anonymous)
         self.expiry = Expiry(outbound)
 
     async def authenticate(self, sid: str, eio_sid: str, args: list[Any], ack_id: Any) -> None:
@@ -96,6 +98,8 @@ class Authenticator:
         if listener_id is not None and connection.listener_id is None:
             if not await self._take_place(connection, listener_id):
                 return
+        elif listener_id is None and not self._take_anonymous(connection):
+            return
         if listener_id is not None:
             control = history.changes.control_after(basis, listener_id)
             if control is not None and control[0] == "kick":
@@ -107,7 +111,7 @@ class Authenticator:
             if control is not None:  # POST /_bow/criteria while the functions ran: it wins
                 criteria = {**control[1], ID_KEY: listener_id}
         self._index(connection, listener_id, details, criteria)
-        result = ack_result(self._outbound, connection, listener_id, criteria, options)
+        result = await ack_result(self._outbound, connection, listener_id, criteria, options)
         replay = None if result is None else result.pop("_replay", None)
         outbound.writer.write(connection, codec.ack(ack_id, result, proto=connection.proto))
         outbound.metrics.authentications.labels(version, "accepted").inc()
@@ -146,6 +150,8 @@ class Authenticator:
         if listener_id is not None and connection.listener_id is None:
             if not await self._take_place(connection, listener_id):
                 return False
+        elif listener_id is None and not self._take_anonymous(connection):
+            return False
         if listener_id is not None:
             control = outbound.history.changes.control_after(basis, listener_id)
             if control is not None and control[0] == "kick":
@@ -177,6 +183,11 @@ class Authenticator:
     async def take_place(self, connection: Connection, listener_id: ListenerId) -> bool:
         """A place among the id's sockets (``max_sockets_per_id``), else 4009 and False."""
         return await self._take_place(connection, listener_id)
+
+    def take_anonymous(self, connection: Connection) -> bool:
+        """A place among the instance's anonymous connections (``max_anonymous``), else 4009
+        and False."""
+        return self._take_anonymous(connection)
 
     def hold(
         self,
@@ -246,6 +257,21 @@ class Authenticator:
         connection.claimed = True
         return True
 
+    def _take_anonymous(self, connection: Connection) -> bool:
+        """Hold a place among this instance's anonymous connections (kept until the connection
+        goes or takes an id); 4009 when there is none. Synchronous: two connections cannot
+        take the last place."""
+        anonymous = self._anonymous
+        if connection.sid in anonymous:
+            return True
+        limit = self._outbound.settings.max_anonymous
+        if limit and len(anonymous) >= limit:
+            text = f"this instance already holds {limit} anonymous connections"
+            self._outbound.close(connection, codes.TOO_MANY_SOCKETS, text)
+            return False
+        anonymous.add(connection.sid)
+        return True
+
     def _index(
         self,
         connection: Connection,
@@ -266,6 +292,8 @@ class Authenticator:
             outbound.indices[connection.outbound.middleware_version].update(key, criteria)
             outbound.metrics.refreshes.inc()
         connection.listener_id = listener_id
+        if listener_id is not None and self._anonymous:
+            self._anonymous.discard(connection.sid)  # an anonymous connection took an id
         if isinstance(
             outbound.middlewares[connection.outbound.middleware_version], WatchesCriteria
         ):
@@ -287,6 +315,8 @@ class Authenticator:
             )
         except TimeoutError:
             raise Refusal(f"{describe(listener_fn)} did not answer within {timeout:g} s") from None
+        except TokenExpired as error:  # already expired: 4003, as an exp already past
+            raise Refusal(f"the token has expired: {error}", codes.TOKEN_EXPIRED) from None
         except Exception as error:  # noqa: BLE001 - a refusal, whatever the user's code raised
             raise Refusal(f"the token was refused: {error}") from None
         self.expiry.check(connection, details)
@@ -316,6 +346,8 @@ class Authenticator:
     def forget(self, connection: Connection) -> None:
         """The connection is gone: unindex it, cancel its timers, give back its place."""
         self._outbound.unindex(connection)
+        self._anonymous.discard(connection.sid)
+        self._outbound.writer.forget(connection)
         if connection.timer is not None:
             connection.timer.cancel()
             connection.timer = None

@@ -28,8 +28,12 @@ class Settings:
     expiry_grace: float = 25.0
     expire_v1_sockets: bool = False
     max_sockets_per_id: int = 100
+    max_buffered_bytes_per_id: int = 4_194_304
+    max_anonymous: int = 10_000
     max_authenticates_per_minute: int = 12
     max_filters: int = 100
+    max_filters_per_id: int = 1_000
+    max_filters_per_instance: int = 200_000
     max_publishes_per_second: int = 100
     recovery_enabled: bool = True
     max_replay: int = 1_000

@@ -1,7 +1,7 @@
 """What the endpoints of the protocols aiohttp serves directly (SSE, Flywheel, Gobbler) share:
 the version a client asks for, its token, the origins allowed (``outbound.cors_origins``), taking a
-connection into the outbound's core and out of it, and closing a plain WebSocket with a code of
-section 10."""
+connection into the outbound's core and out of it, what a plain WebSocket's client may send (the
+rule Socket.IO's clients follow), and closing a plain WebSocket with a code of section 10."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from aiohttp import hdrs, web
 from .. import codes
 from ..codes import Code
 from ..plugins import OutboundPlugin
+from ..ratelimit import TokenBucket
+from ..seams.transport import INCOMING_BURST, INCOMING_RATE
 from .connection import Connection, logger
 
 if TYPE_CHECKING:
@@ -139,6 +141,26 @@ def let_go(outbound: SocketOutbound, connection: Connection) -> bool:
     if connection.ended is not None and not connection.ended.done():
         connection.ended.set_result(None)
     return True
+
+
+def incoming_frames() -> TokenBucket:
+    """What a plain-WebSocket client (Flywheel, Gobbler) may send: the rule and the numbers of
+    Socket.IO's (:data:`~..seams.transport.INCOMING_BURST` frames at once, then
+    :data:`~..seams.transport.INCOMING_RATE` a second), one bucket per connection."""
+    return TokenBucket(INCOMING_RATE, INCOMING_BURST)
+
+
+def flooded(outbound: SocketOutbound, connection: Connection) -> None:
+    """Close a connection whose client sent frames past :func:`incoming_frames`: 4011."""
+    text = f"over {INCOMING_RATE:g} frames a second ({INCOMING_BURST:g} at once)"
+    outbound.close(connection, codes.TOO_MANY_REQUESTS, text)
+
+
+def gone(connection: Connection) -> bool:
+    """Whether the client of a plain WebSocket or SSE stream went (its transport is closing):
+    what it sent and was not handled yet is dropped, never handled."""
+    transport = connection.transport
+    return transport is None or transport.is_closing()
 
 
 async def close_websocket(websocket: web.WebSocketResponse, connection: Connection) -> None:

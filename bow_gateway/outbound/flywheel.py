@@ -30,6 +30,9 @@ from .endpoints import (
     Origins,
     close_reason,
     close_websocket,
+    flooded,
+    gone,
+    incoming_frames,
     let_go,
     not_an_upgrade,
     pick_version,
@@ -155,16 +158,26 @@ class FlywheelEndpoint:
         logger.info("Flywheel connection %s opened", connection.sid)
 
     async def _read(self, websocket: web.WebSocketResponse, connection: Connection) -> None:
-        """Every frame the client sends, in order, until the connection closes."""
+        """Every frame the client sends, in order, until the connection closes: at most
+        :func:`~.endpoints.incoming_frames` (4011 past it), each handled in a step of its own
+        (a client's frames already read never hold the event loop together), none once the
+        client has gone (frames read and not handled yet are dropped with it)."""
+        frames = incoming_frames()
         while True:
             received = await websocket.receive()
             kind = received.type
-            if connection.closing is not None:
-                if kind in (WSMsgType.TEXT, WSMsgType.BINARY, WSMsgType.PING, WSMsgType.PONG):
-                    continue  # closing: nothing it sends counts any more
+            if kind not in (WSMsgType.TEXT, WSMsgType.BINARY, WSMsgType.PING, WSMsgType.PONG):
+                return  # CLOSE, CLOSING, CLOSED, ERROR (a frame over max_incoming_bytes...)
+            if gone(connection):
                 return
+            if connection.closing is not None:
+                continue  # closing: nothing it sends counts any more
+            if not frames.take():
+                flooded(self._outbound, connection)
+                continue
             if kind is WSMsgType.TEXT:
                 await self._frame(connection, received.data)
+                await asyncio.sleep(0)
             elif kind is WSMsgType.PING:
                 await websocket.pong(received.data)
             elif kind is WSMsgType.PONG:
@@ -179,8 +192,6 @@ class FlywheelEndpoint:
                     "binary frames are not supported: Flywheel's text frames only",
                     kind="malformed",
                 )
-            else:  # CLOSE, CLOSING, CLOSED, ERROR (a frame over max_incoming_bytes...)
-                return
 
     async def _frame(self, connection: Connection, text: str) -> None:
         kind, space, rest = text[:1], text[1:2], text[2:]

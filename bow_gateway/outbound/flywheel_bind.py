@@ -1,11 +1,13 @@
-"""Flywheel's bind (``B {json}``): session id, authentication, subscriptions, and its
+"""Flywheel's bind (``B {json}``): authentication, session id, subscriptions, and its
 ``BindResponse``.
 
 A bind's ``auth`` authenticates or re-authenticates under section 8's rules (refresh, anonymous to
 id upgrade, 4004 on another id; a refusal answers the bind with a ``General`` error, then closes
 with its code). Without ``auth``, a connection is anonymous when its outbound has
 ``anonymous_criteria``; otherwise every filter it asks for is refused (``TopicAccess``) until it
-authenticates. Filters are MQTT's; ``$`` names are the gateway's and refused (``TopicAccess``).
+authenticates. A ``sessionId`` is then bound, unless another identity holds it (a ``General``
+error): ``$remote/{sessionId}/rx/...`` reaches its own listener only. Filters are MQTT's; ``$``
+names are the gateway's and refused (``TopicAccess``).
 Binds run one at a time, in arrival order (the endpoint reads the next frame once one is done).
 """
 
@@ -16,10 +18,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .. import codes
 from ..message import dumps, parse_json
+from ..publication import forbidden_character
 from ..seams import websocket_frame
 from ..topics import SYSTEM_PREFIX, parse_filter
 from .connection import Connection
 from .expiry import Refusal
+from .subscriptions import owner, refusal
 
 if TYPE_CHECKING:
     from .sockets import SocketOutbound
@@ -70,7 +74,6 @@ class Binder:
             errors.append(general(f"unknown field {unknown[0]!r}"))
         if "metadata" in request and not isinstance(request["metadata"], Mapping):
             errors.append(general("metadata must be an object"))
-        self._session(connection, request.get("sessionId"), errors)
         if "auth" in request:
             if not await self._authenticate(connection, request["auth"], errors):
                 self._respond(connection, errors, message_id)
@@ -78,6 +81,8 @@ class Binder:
         elif not connection.authenticated and connection.outbound.anonymous_criteria is not None:
             anonymous = dict(connection.outbound.anonymous_criteria)
             self._outbound.authenticator.hold(connection, None, None, anonymous)
+        # After auth: a session id belongs to the identity that holds it, known only now.
+        self._session(connection, request.get("sessionId"), errors)
         self._subscriptions(connection, request, errors)
         self._respond(connection, errors, message_id)
 
@@ -92,26 +97,50 @@ class Binder:
     # -- session ----------------------------------------------------------------------------
 
     def _session(self, connection: Connection, session: Any, errors: list[Error]) -> None:
+        """Bind ``session`` (the bind's ``sessionId``), or check the one held (``None``): a
+        session id is held by one identity at a time, the listener id that bound it (or
+        anonymous connections), so that another cannot read its ``$remote/{sessionId}/rx/...``;
+        a bind with one held by another identity is refused (``General``), the session held
+        so far kept; a connection whose identity changed (anonymous to an id) while another
+        identity holds its session lets it go."""
         if session is None:
+            held = connection.session
+            if held is not None and self._held_by_another(connection, held):
+                self.leave_session(connection)
+                errors.append(general(f"sessionId {held!r} is held by another listener: let go"))
             return
         if (
             not isinstance(session, str)
             or not session
             or len(session) > MAX_SESSION_ID
-            or any(char in session for char in "/+#\x00")
+            or any(char in session for char in "/+# ")
+            or forbidden_character(session)  # a level of $remote names: held to their rule
         ):
             errors.append(
                 general(
                     f"sessionId must be a string of 1 to {MAX_SESSION_ID} characters "
-                    "without '/', '+', '#'"
+                    "without '/', '+', '#', a space, a comma, a control or bidirectional "
+                    "character"
                 )
             )
+            return
+        if self._held_by_another(connection, session):
+            errors.append(general("sessionId is held by another listener: choose another"))
+            if session == connection.session:
+                self.leave_session(connection)
             return
         if session == connection.session:
             return
         self.leave_session(connection)
         connection.session = session
         self._outbound.sessions.setdefault(session, set()).add(connection)
+
+    def _held_by_another(self, connection: Connection, session: str) -> bool:
+        """Whether a connection of another identity (listener id, or anonymous) holds
+        ``session`` on this instance."""
+        identity = connection.listener_id
+        held = self._outbound.sessions.get(session, ())
+        return any(other.listener_id != identity for other in held if other is not connection)
 
     def leave_session(self, connection: Connection) -> None:
         """Stop routing ``$remote/{sessionId}/rx/...`` to ``connection``."""
@@ -160,29 +189,35 @@ class Binder:
                 if key == "unsubscribe":
                     topics.remove(connection, text)  # MQTT: only exactly a filter held
                     continue
-                refusal = self._refusal(connection, text, len(topics.filters_of(connection)))
-                if refusal is not None:
-                    errors.append(refusal)
+                if topics.holds(connection, text):
+                    continue
+                refused, levels = self._refusal(connection, text, topics.held(connection))
+                if refused is not None:
+                    errors.append(refused)
                 else:
-                    topics.add(connection, text)
+                    topics.add(connection, text, levels, owner=owner(connection))
 
-    def _refusal(self, connection: Connection, text: str, held: int) -> Error | None:
-        """Why ``connection`` may not subscribe to filter ``text`` (None: it may)."""
+    def _refusal(
+        self, connection: Connection, text: str, held: int
+    ) -> tuple[Error | None, tuple[str, ...]]:
+        """Why ``connection`` may not subscribe to filter ``text``, which it does not hold
+        (None: it may), and the filter's levels."""
         shown = text[:256]
         if text.startswith(SYSTEM_PREFIX):
-            return topic_access("names starting with $ are the gateway's own", shown)
+            return topic_access("names starting with $ are the gateway's own", shown), ()
         try:
-            parse_filter(text)
+            levels = parse_filter(text)
         except ValueError as error:
-            return general(f"bad topic filter: {error}")
+            return general(f"bad topic filter: {error}"), ()
         if not connection.authenticated:
-            return topic_access("bind with auth first", shown)
+            return topic_access("bind with auth first", shown), ()
         limit = self._outbound.settings.max_filters
-        if held >= limit and text not in self._outbound.topics[
-            connection.outbound.middleware_version
-        ].filters_of(connection):
-            return general(f"at most {limit} filters per connection (outbound.max_filters)")
-        return None
+        if held >= limit:
+            return general(f"at most {limit} filters per connection (outbound.max_filters)"), ()
+        why = refusal(self._outbound, connection, [text])
+        if why is not None:
+            return general(why), ()
+        return None, levels
 
 
 def _credentials(auth: Any) -> tuple[Any, str]:

@@ -31,6 +31,9 @@ from .endpoints import (
     bearer_token,
     close_reason,
     close_websocket,
+    flooded,
+    gone,
+    incoming_frames,
     let_go,
     not_an_upgrade,
     pick_version,
@@ -169,19 +172,28 @@ class GobblerEndpoint:
         )
 
     async def _read(self, websocket: web.WebSocketResponse, connection: Connection) -> None:
-        """Every command the client sends, one at a time, until the connection closes."""
+        """Every command the client sends, one at a time, until the connection closes: at most
+        :func:`~.endpoints.incoming_frames` (4011 past it), each in a step of its own, none
+        once the client has gone (commands read and not run yet are dropped with it)."""
+        frames = incoming_frames()
         while True:
             received = await websocket.receive()
-            if received.type is WSMsgType.TEXT:
-                if connection.closing is None:
-                    await self._commands.run(connection, received.data)
-            elif received.type is WSMsgType.BINARY:
-                if connection.closing is None:
-                    self._outbound.close(
-                        connection,
-                        codes.BAD_REQUEST,
-                        "binary frames are not supported: Gobbler's text commands only",
-                        kind="malformed",
-                    )
-            else:  # CLOSE, CLOSING, CLOSED, ERROR (a frame over max_incoming_bytes...)
+            kind = received.type
+            if kind is not WSMsgType.TEXT and kind is not WSMsgType.BINARY:
+                return  # CLOSE, CLOSING, CLOSED, ERROR (a frame over max_incoming_bytes...)
+            if gone(connection):
                 return
+            if connection.closing is not None:
+                continue  # refused or closing: nothing it sends counts any more
+            if not frames.take():
+                flooded(self._outbound, connection)
+            elif kind is WSMsgType.TEXT:
+                await self._commands.run(connection, received.data)
+                await asyncio.sleep(0)
+            else:
+                self._outbound.close(
+                    connection,
+                    codes.BAD_REQUEST,
+                    "binary frames are not supported: Gobbler's text commands only",
+                    kind="malformed",
+                )

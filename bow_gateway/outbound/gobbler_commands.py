@@ -11,10 +11,15 @@
 - ``> path [publisherMessageId]``, then optional header lines (one JSON object, or ``Name: value``
   lines ended by an empty line) and the body: published through the outbound's
   ``create_message_from_publish`` with Gobbler's fields (``#send id`` with the sequence, or
-  ``!error-send id why`` with none: a refused message has no sequence).
+  ``!error-send id why`` with none: a refused message has no sequence). The message's name is
+  held to a client's rule (:func:`~bow_gateway.message.name_error`): no ``__`` or ``$`` name, no
+  comma, control, line break or empty level, which could forge what other clients read.
 
 Anything else is ``!error-bad-request``. A replay is filtered by the connection's criteria of now
-and written as fast as the client reads it.
+and written as fast as the client reads it. Replays are bounded: ``recovery.max_replays_per_minute``
+per connection and per listener id, and the frames of one fetch (read and encoded in slices that
+take turns with the event loop before ``#fetch-start``) at most ``recovery.max_bytes``; past
+either, ``!error-bad-request`` says which, and a ``+ path start`` subscribes to nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from ..seams import websocket_frame
 from ..topics import parse_filter
 from .connection import Connection, logger
 from .publishing import PublishRefused
+from .subscriptions import owner, refusal
 from .writer import REPLAY_LOW_WATER
 
 if TYPE_CHECKING:
@@ -49,6 +55,10 @@ class BadCommand(ValueError):
     """A command refused as a whole: ``!error-bad-request`` says why."""
 
 
+class TooBig(BadCommand):
+    """A fetch whose frames would be over ``recovery.max_bytes``."""
+
+
 class Commands:
     """Runs the commands of Gobbler connections for a :class:`~.sockets.SocketOutbound`."""
 
@@ -66,7 +76,7 @@ class Commands:
                 self._cancel(connection, _path(arguments.strip()))
             elif kind == ">":
                 path, _, message_id = arguments.strip().partition(" ")
-                await self._send(connection, _path(path), message_id.strip(), rest)
+                await self._send(connection, _sent_path(path), message_id.strip(), rest)
             else:
                 raise BadCommand(f"unknown command {kind[:32]!r}")
         except BadCommand as error:
@@ -86,17 +96,28 @@ class Commands:
         live = count is None
         held = topics.filters_of(connection)
         limit = outbound.settings.max_filters
-        if live and len(held) >= limit and _filter(path) not in held:
-            raise BadCommand(f"at most {limit} subscriptions per connection (outbound.max_filters)")
+        if live and _filter(path) not in held:
+            if len(held) >= limit:
+                raise BadCommand(
+                    f"at most {limit} subscriptions per connection (outbound.max_filters)"
+                )
+            why = refusal(outbound, connection, [_filter(path)])
+            if why is not None:
+                raise BadCommand(why)
         if start is None:
-            topics.add(connection, _filter(path))
+            topics.add(connection, _filter(path), owner=owner(connection))
             self._write(connection, status("#subscribed-to", path))
             return
+        rate = None if outbound.topic_history is None else outbound.topic_history.limit
+        if rate is not None and not rate.take(connection):
+            text = f"over {rate.per_minute} replays a minute (recovery.max_replays_per_minute)"
+            raise BadCommand(text)
+        added = live and _filter(path) not in held
         mark = None
         if live:
             # From now on, live messages of the path wait behind the replay; it replays only
             # what this instance had delivered by now (``mark``): the rest comes live.
-            topics.add(connection, _filter(path))
+            topics.add(connection, _filter(path), owner=owner(connection))
             outbound.writer.begin_replay(connection, [])
             mark = outbound.history.last
         sent = 0
@@ -111,6 +132,11 @@ class Commands:
             self._send_now(connection, status("#fetch-done", path))
             if live:
                 self._send_now(connection, status("#subscribed-to", path))
+        except TooBig as error:
+            logger.info("Gobbler connection %s: %s", connection.sid, error)
+            if added:
+                topics.remove(connection, _filter(path))
+            self._send_now(connection, status("!error-bad-request", str(error)))
         except Exception as error:  # noqa: BLE001 - Redis unreachable: the client is told
             logger.warning(
                 "Gobbler connection %s: fetch of %r failed: %s", connection.sid, path, error
@@ -127,7 +153,8 @@ class Commands:
         self, connection: Connection, path: str, start: int, count: int | None, mark: str | None
     ) -> list[bytes]:
         """The frames a fetch replays, read and filtered (criteria of now, age, ``mark``) before
-        ``#fetch-start``, whose count must be exactly theirs: what the listener may see, no more."""
+        ``#fetch-start``, whose count must be exactly theirs: what the listener may see, no more.
+        Encoded in slices on the history's lane; :class:`TooBig` past ``recovery.max_bytes``."""
         outbound = self._outbound
         history = outbound.topic_history
         if history is None:
@@ -137,8 +164,25 @@ class Commands:
         def past_mark(stored: Stored) -> bool:
             return mark is not None and outbound.history.is_after(stored.position, mark)
 
+        frames: list[bytes] = []
+        size, most_bytes = 0, outbound.history.max_bytes
+        slices = outbound.history.lane.slices()
         replayed = history.replay(outbound, connection, path, begin, most, until=past_mark)
-        return [connection.codec.replayed(event, "") async for event in replayed]
+        async for events in replayed:
+            await slices.begin()
+            try:
+                for event in events:
+                    frame = connection.codec.replayed(event, "")
+                    size += len(frame)
+                    if size > most_bytes:
+                        text = f"{path[:64]} {len(frames) + 1}+ messages are over "
+                        raise TooBig(text + f"{most_bytes} bytes (recovery.max_bytes): ask fewer")
+                    frames.append(frame)
+                    if slices.due():
+                        await slices.pause()
+            finally:
+                slices.end()
+        return frames
 
     def _send_now(self, connection: Connection, frame: bytes) -> bool:
         """Write ahead of what waits behind a replay (the replay's own frames)."""
@@ -213,6 +257,17 @@ def _path(text: str) -> str:
         raise BadCommand(f"a path has at most {MAX_PATH} characters")
     if {"+", "#"} & set(text.split("/")) or text.startswith("$") or text.startswith("__"):
         raise BadCommand(f"{text[:64]!r} is not a path a client may use")
+    return text
+
+
+def _sent_path(text: str) -> str:
+    """A send's path: there, and bounded. What a message may be named is the one rule of every
+    way in (:func:`~bow_gateway.message.name_error`, a client's), checked on the name of the
+    message the outbound's function makes of it: a refusal is ``!error-send``."""
+    if not text:
+        raise BadCommand("a path is missing")
+    if len(text) > MAX_PATH:
+        raise BadCommand(f"a path has at most {MAX_PATH} characters")
     return text
 
 

@@ -73,7 +73,10 @@ class ClientPublish:
             raw = {**extra, **raw}
         try:
             message = validate_message(
-                raw, max_queries=self._max_queries, max_predicates=self._max_predicates
+                raw,
+                max_queries=self._max_queries,
+                max_predicates=self._max_predicates,
+                client=True,  # no __ or $ name: the gateway's, or the backend's to send
             )
         except ValueError as error:
             raise PublishRefused(f"invalid message: {error}") from None

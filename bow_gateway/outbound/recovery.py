@@ -16,14 +16,19 @@ from .connection import Connection
 from .parts import Sockets
 
 
-def ack_result(
+async def ack_result(
     outbound: Sockets,
     connection: Connection,
     listener_id: ListenerId | None,
     criteria: Criteria,
     options: Mapping[str, Any],
 ) -> dict[str, Any] | None:
-    """The protocol-2 ack's result (with the packets to replay under ``_replay``)."""
+    """The protocol-2 ack's result (with the packets to replay under ``_replay``).
+
+    Called once ``connection`` is indexed: the recovery ends at the newest position of then, and
+    what is delivered to it while the recovery's slices take turns with the event loop waits
+    behind the replay (in its backlog, bounded as any: ``_replay`` ends with it when the
+    connection had none)."""
     if connection.proto == 1:
         return None
     history = outbound.history
@@ -40,6 +45,7 @@ def ack_result(
     if since is None:
         return result
     entries = entries_of(criteria)
+    meanwhile: list[bytes] = []
     if outbound.settings.recovery_enabled:
         # The socket's topic filters apply to a replay as to live delivery (section 11)
         filters = FilterSet(
@@ -50,7 +56,16 @@ def ack_result(
             return matches(entries, listener_id, message.audience) and filters.matches(message.name)
 
         version = connection.outbound.middleware_version
-        recovery = history.recover(since, version, wanted, outbound.settings.max_replay)
+        held = connection.backlog is None
+        if held:  # from now on, what is delivered to it waits behind the replay
+            outbound.writer.begin_replay(connection, [])
+        try:
+            recovery = await history.recover(since, version, wanted, outbound.settings.max_replay)
+        finally:
+            if held:
+                meanwhile = list(connection.backlog or ())
+                connection.backlog = None
+                connection.backlog_bytes = connection.replaying = 0
     else:
         recovery = Recovery(False, DISABLED, history.last)
     outbound.metrics.recoveries.labels(
@@ -66,9 +81,13 @@ def ack_result(
         reason=recovery.reason,
         criteria_changed=changed,
     )
-    if recovery.replay:
-        outbound.metrics.replayed.inc(len(recovery.replay))
-        result["_replay"] = [_packet(kept, connection.codec) for kept in recovery.replay]
+    replay = [_packet(kept, connection.codec) for kept in recovery.replay]
+    if replay:
+        outbound.metrics.replayed.inc(len(replay))
+    if meanwhile:
+        replay.extend(meanwhile)
+    if replay:
+        result["_replay"] = replay
     return result
 
 

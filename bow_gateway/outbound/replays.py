@@ -3,7 +3,9 @@
 ``replay({"topic", "start", "max_count"}, ack)``: the replayed events (``meta.sequence`` and
 ``meta.replayed: true``) are written as fast as the socket reads them, live delivery going on
 meanwhile; then the ack receives ``{"count": n}``, or ``{"error": {"code": 4000, "reason":
-"bad_request", "text"}}`` when the request is refused. One replay at a time per socket.
+"bad_request", "text"}}`` when the request is refused (``4011``, ``too_many_requests``, over
+``recovery.max_replays_per_minute`` for the socket or its listener id). One replay at a time per
+socket.
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ KEYS: Final = frozenset({"topic", "start", "max_count"})
 class BadReplay(ValueError):
     """A ``replay`` refused as a whole: its text goes to the ack."""
 
+    code = codes.BAD_REQUEST
+
+
+class TooManyReplays(BadReplay):
+    """Over ``recovery.max_replays_per_minute``: the client retries later."""
+
+    code = codes.TOO_MANY_REQUESTS
+
 
 class Replays:
     """Runs the ``replay`` events of protocol-2 sockets."""
@@ -43,7 +53,7 @@ class Replays:
             topic, start, max_count = self._request(connection, args)
         except BadReplay as error:
             logger.info("socket %s: replay refused: %s", connection.sid, error)
-            self._ack(connection, ack_id, _error(str(error)))
+            self._ack(connection, ack_id, _error(str(error), error.code))
             return
         assert self._history is not None
         self._busy.add(connection)
@@ -51,14 +61,16 @@ class Replays:
         try:
             begin, most = await self._history.span(topic, start, max_count)
             replayed = self._history.replay(outbound, connection, topic, begin, most)
-            async for event in replayed:
-                while outbound.writer.buffered(connection) > REPLAY_LOW_WATER:
-                    if connection.closing is not None:
+            async for events in replayed:
+                for event in events:
+                    while outbound.writer.buffered(connection) > REPLAY_LOW_WATER:
+                        if connection.closing is not None:
+                            return
+                        await asyncio.sleep(0.005)
+                    packet = connection.codec.replayed(event, "")
+                    if not outbound.writer.write(connection, packet):
                         return
-                    await asyncio.sleep(0.005)
-                if not outbound.writer.write(connection, connection.codec.replayed(event, "")):
-                    return
-                count += 1
+                    count += 1
         except Exception as error:  # noqa: BLE001 - Redis unreachable: the socket is told
             logger.warning("socket %s: replay of %r failed: %s", connection.sid, topic, error)
             self._ack(connection, ack_id, _error("the history cannot be read now: retry later"))
@@ -105,6 +117,11 @@ class Replays:
             raise BadReplay("authenticate first")
         if connection in self._busy:
             raise BadReplay("a replay is under way on this socket: one at a time")
+        rate = self._history.limit
+        if not rate.take(connection):
+            raise TooManyReplays(
+                f"over {rate.per_minute} replays a minute (recovery.max_replays_per_minute)"
+            )
         limit = MAX_COUNT if max_count is None else min(max_count, MAX_COUNT)
         return topic, start, limit
 
@@ -114,6 +131,5 @@ class Replays:
             self._outbound.writer.write(connection, packet)
 
 
-def _error(text: str) -> dict[str, Any]:
-    code = codes.BAD_REQUEST
+def _error(text: str, code: codes.Code = codes.BAD_REQUEST) -> dict[str, Any]:
     return {"error": {"code": code.code, "reason": code.reason, "text": text}}

@@ -103,7 +103,12 @@ class SocketOutbound:
         self.sio.on("connect", self._connect)
         self.sio.on("connect", self._refuse_namespace, namespace="*")
         self.sio.on("disconnect", self._disconnect)
-        self.writer = Writer(self._too_slow, max_buffered_bytes=settings.max_buffered_bytes)
+        self.writer = Writer(
+            self._too_slow,
+            max_buffered_bytes=settings.max_buffered_bytes,
+            max_buffered_bytes_per_id=settings.max_buffered_bytes_per_id,
+            crowded=self._too_slow_together,
+        )
         self.authenticator = Authenticator(self, claim=claim, release=release)
         self.delivery = Delivery(self)
         self.replays = Replays(self, topic_history)
@@ -329,6 +334,11 @@ class SocketOutbound:
     def _too_slow(self, connection: Connection) -> None:
         limit = self.settings.max_buffered_bytes
         self.close(connection, codes.SLOW, f"over {limit} bytes waiting to be sent")
+
+    def _too_slow_together(self, connection: Connection) -> None:
+        limit = self.settings.max_buffered_bytes_per_id
+        text = f"the listener's sockets have over {limit} bytes waiting to be sent"
+        self.close(connection, codes.SLOW, text)
 
     async def close_all(self) -> None:
         """Close every connection with 4012, so that clients reconnect (to another instance).

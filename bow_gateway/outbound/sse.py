@@ -2,9 +2,10 @@
 
 A stream is a :class:`~.connection.Connection` of the :class:`SseCodec`, authenticated once (no
 re-authentication), held in the index like a protocol-2 socket (criteria, topic filters, the
-per-id limit, kicks, counts), and written to by delivery like any other: each message is encoded
-once per codec, chunk framing included, and the same bytes go straight to every stream's
-transport. Refusals before the stream are JSON ``{"code", "reason", "reconnect"}``.
+per-id limits of sockets and of bytes waiting, the anonymous limit, kicks, counts), and written
+to by delivery like any other: each message is encoded once per codec, chunk framing included,
+and the same bytes go straight to every stream's transport. Refusals before the stream are
+JSON ``{"code", "reason", "reconnect"}``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from .connection import Connection, logger
 from .endpoints import Origins, bearer_token, let_go, pick_version, refusal, take_in
 from .expiry import Refusal
 from .recovery import ack_result
+from .subscriptions import ANONYMOUS
+from .subscriptions import refusal as filters_refusal
 
 if TYPE_CHECKING:
     from .sockets import SocketOutbound
@@ -179,6 +182,14 @@ class SseEndpoint:
             limit = outbound.settings.max_sockets_per_id
             text = f"listener already has {limit} sockets"
             return _refusal(codes.TOO_MANY_SOCKETS, 503, text, cors, {hdrs.RETRY_AFTER: "1"})
+        if listener_id is None and not authenticator.take_anonymous(connection):
+            limit = outbound.settings.max_anonymous
+            text = f"this instance already holds {limit} anonymous connections"
+            return _refusal(codes.TOO_MANY_SOCKETS, 503, text, cors, {hdrs.RETRY_AFTER: "1"})
+        who = ANONYMOUS if listener_id is None else listener_id
+        too_many = filters_refusal(outbound, connection, set(filters), who=who)
+        if too_many is not None:
+            return _refusal(codes.BAD_REQUEST, 400, f"topic: {too_many}", cors)
         if connection.closing is not None:  # the instance stops
             return _refusal(codes.SHUTDOWN, 503, "this instance is stopping", cors)
         response = web.StreamResponse(
@@ -196,10 +207,11 @@ class SseEndpoint:
         if connection.transport is None or connection.closing is not None:
             return response
         outbound.writer.bound_kernel_buffer(connection.transport)
-        # From here to the replay, nothing awaits: no delivery comes in between.
+        # From here to the replay, what is delivered waits in the backlog (the recovery's scan
+        # takes turns with the event loop).
         topics = outbound.topics[connection.outbound.middleware_version]
         for text in filters:
-            topics.add(connection, text)
+            topics.add(connection, text, owner=who)
         if listener_id is not None:
             control = outbound.history.changes.control_after(basis, listener_id)
             if control is not None and control[0] == "kick":
@@ -213,7 +225,7 @@ class SseEndpoint:
                 criteria = {**control[1], "__id": listener_id}
         authenticator.hold(connection, listener_id, details, criteria)
         options = {} if since is None else {"since": since}
-        result = ack_result(outbound, connection, listener_id, criteria, options) or {}
+        result = await ack_result(outbound, connection, listener_id, criteria, options) or {}
         replay: list[bytes] = result.pop("_replay", None) or []
         pending = connection.backlog or deque()
         if result.get("recovered") is False:

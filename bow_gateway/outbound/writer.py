@@ -3,7 +3,14 @@ long-poll queue, or behind a replay under way; a socket over its buffer is slow 
 
 A transport's first frame in an event-loop step is written at once; the frames after it in the
 same step are held and written together when the step ends (one ``send()`` for a run of
-messages read in one batch from the backplane, rather than one each)."""
+messages read in one batch from the backplane, rather than one each).
+
+The bytes waiting for the sockets of one listener id on the instance are bounded too
+(``max_buffered_bytes_per_id``): a token held by many slow readers (100 streams that never
+read) costs a few MiB, not 100 times ``max_buffered_bytes``. A socket is counted once more than
+:data:`COUNTED_FROM` bytes wait for it (a reader keeping up never is: one comparison a write),
+at what waited at its last write over it; a sum over the bound is measured again before a
+socket is closed for it, so a count gone stale never closes one."""
 
 from __future__ import annotations
 
@@ -13,24 +20,35 @@ from collections.abc import Callable
 from socket import AF_INET, AF_INET6, SO_SNDBUF, SOL_SOCKET
 from typing import Final
 
+from ..criteria import ListenerId
 from .connection import Connection
 
 REPLAY_LOW_WATER: Final = 65_536  # a replay writes on while the socket buffers less than this
 KERNEL_BUFFER_MAX: Final = 262_144  # the most of a websocket's send buffer left to the kernel
+COUNTED_FROM: Final = 16_384  # bytes waiting for a socket from which they count for its id
 
 
 class Writer:
     """Writes encoded packets to connections (framed by their codec); ``slow(connection)``
-    when one is over ``max_buffered_bytes``."""
+    when one is over ``max_buffered_bytes``, ``crowded(connection)`` (``slow`` if not given)
+    when the sockets of its listener id are over ``max_buffered_bytes_per_id`` (0: no limit)."""
 
     def __init__(
         self,
         slow: Callable[[Connection], None],
         *,
         max_buffered_bytes: int = 1_048_576,
+        max_buffered_bytes_per_id: int = 0,
+        crowded: Callable[[Connection], None] | None = None,
     ) -> None:
         self._slow = slow
+        self._crowded = crowded or slow
         self.max_buffered_bytes = max_buffered_bytes
+        self.max_buffered_bytes_per_id = max_buffered_bytes_per_id
+        # Past it, what waits for a socket counts for its id (at most what closes it alone)
+        self._counted_from = min(COUNTED_FROM, max_buffered_bytes)
+        # Per listener id: its sockets counted (what waited at their last write), their sum
+        self._behind: dict[ListenerId, tuple[dict[Connection, int], list[int]]] = {}
         self._step = 0  # counts event-loop steps in which something was written
         self._step_ends: asyncio.Handle | None = None  # the callback that ends the step
         self._holding: list[Connection] = []  # connections with frames held in this step
@@ -42,10 +60,14 @@ class Writer:
         backlog = connection.backlog
         if backlog is not None:  # a replay is being written: behind it
             backlog.append(encoded)
-            connection.backlog_bytes += len(encoded)
-            if connection.backlog_bytes > self.max_buffered_bytes:
-                self._slow(connection)
-                return False
+            waiting = connection.backlog_bytes = connection.backlog_bytes + len(encoded)
+            if waiting > self._counted_from:
+                if waiting > self.max_buffered_bytes:
+                    self._slow(connection)
+                    return False
+                if self._crowding(connection, waiting):
+                    self._crowded(connection)
+                    return False
             return True
         return self._send(connection, encoded, frame, self.max_buffered_bytes)
 
@@ -59,17 +81,27 @@ class Writer:
             if socket is None or socket.closed:
                 return False
             if socket.transport is None:  # long-polling (or upgrading)
-                if limit is not None and socket.queued_bytes > limit:
-                    self._slow(connection)
-                    return False
+                if limit is not None and socket.queued_bytes > self._counted_from:
+                    if socket.queued_bytes > limit:
+                        self._slow(connection)
+                        return False
+                    if self._crowding(connection, socket.queued_bytes):
+                        self._crowded(connection)
+                        return False
                 return socket.enqueue(encoded.decode())
             transport = connection.transport = socket.transport
             self.bound_kernel_buffer(transport)
         if transport.is_closing():
             return False
-        if limit is not None and transport.get_write_buffer_size() + connection.held_bytes > limit:
-            self._slow(connection)
-            return False
+        if limit is not None:
+            waiting = transport.get_write_buffer_size() + connection.held_bytes
+            if waiting > self._counted_from:
+                if waiting > limit:
+                    self._slow(connection)
+                    return False
+                if self._crowding(connection, waiting):
+                    self._crowded(connection)
+                    return False
         if frame is None:
             frame = connection.codec.frame(encoded)
         held = connection.held
@@ -86,6 +118,49 @@ class Writer:
                 self._step_ends = asyncio.get_running_loop().call_soon(self._end_step)
             transport.write(frame)
         return True
+
+    def _crowding(self, connection: Connection, waiting: int) -> bool:
+        """Count ``waiting`` bytes for ``connection``'s id: whether its sockets, measured again,
+        are over ``max_buffered_bytes_per_id``."""
+        listener_id = connection.listener_id
+        limit = self.max_buffered_bytes_per_id
+        if listener_id is None or not limit:  # anonymous: max_anonymous bounds them
+            return False
+        behind = self._behind.get(listener_id)
+        if behind is None:
+            behind = self._behind[listener_id] = ({}, [0])
+        counted, total = behind
+        total[0] += waiting - counted.get(connection, 0)
+        counted[connection] = waiting
+        if total[0] <= limit:
+            return False
+        # Over, by what each counted socket had waiting at its last write: measure them now
+        # (only those still behind stay counted).
+        total[0] = 0
+        for other in list(counted):
+            now = waiting if other is connection else self.waiting(other)
+            if other.closing is not None or now <= self._counted_from:
+                del counted[other]
+            else:
+                counted[other] = now
+                total[0] += now
+        return total[0] > limit
+
+    def waiting(self, connection: Connection) -> int:
+        """Bytes waiting for ``connection``: in its transport or queue, or behind its replay."""
+        return self.buffered(connection) + connection.backlog_bytes
+
+    def forget(self, connection: Connection) -> None:
+        """The connection is gone: it counts for its id no more."""
+        if not self._behind or connection.listener_id is None:
+            return
+        behind = self._behind.get(connection.listener_id)
+        if behind is None:
+            return
+        counted, total = behind
+        total[0] -= counted.pop(connection, 0)
+        if not counted:
+            del self._behind[connection.listener_id]
 
     def _end_step(self) -> None:
         """Write what each connection was sent after its first frame of the step, in one go.
