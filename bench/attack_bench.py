@@ -1,15 +1,23 @@
-"""Attack benchmark: what hostile clients cost an honest listener, and the gateway (issue 11).
+"""Attack benchmark: what hostile clients cost an honest listener, and the gateway (issues 11
+and 27).
 
-Run:  .venv/bin/python bench/attack_bench.py [--attacks frames,binary,binary-token,holders,queries]
+Run:  .venv/bin/python bench/attack_bench.py [--attacks frames,binary,...]   # all, in this order:
+          frames, binary, binary-token, holders, queries (issue 11); flywheel-flood,
+          flywheel-publish, recovery, replay, filters, sse-slow, auth-brute (issue 27)
       .venv/bin/python bench/attack_bench.py --source /tmp/bow-before   # another checkout
 
-A plain script, not a test; about a minute, once the machine is quiet (``--quiet``: at most 30 s
-of waiting). It starts ``bow-gateway serve`` (``python -m bow_gateway serve``: the embedded
-default configuration, as in production: JSON log lines on stderr, gc_freeze on, in-process
-backplane, ``outbound.timeout`` 5 s), its stdout and stderr in one log file, pinned to CPU 0
-with ``taskset``; this process and the attackers pin themselves to CPU 1. ``--source DIR`` runs
-the gateway of another checkout (``git archive <commit> | tar -x -C DIR``) instead of the
-installed one, through ``PYTHONPATH``.
+A plain script, not a test; about three minutes, once the machine is quiet (``--quiet``: at most
+30 s of waiting). It starts ``bow-gateway serve --config`` (``python -m bow_gateway serve``: JSON
+log lines on stderr, gc_freeze on, in-process backplane, ``outbound.timeout`` 5 s) with a file
+of its own, written to its work directory: the embedded default (the same tables and settings),
+plus what issue 27's attacks need, which the embedded default leaves out: anonymous listeners on
+every protocol (``anonymous_criteria = {role = "anonymous"}``), client publishes
+(``create_message_from_publish``: a module beside the file makes ``P {topic} {body}`` the message
+``topic`` to an audience nobody has, ``[{"__id": "NOBODY/1"}]``) and ``/chat/#`` histories of
+10,000 entries (the embedded default keeps 1,000). Its stdout and stderr go to one log file; it
+is pinned to CPU 0 with ``taskset``; this process and the attackers pin themselves to CPU 1.
+``--source DIR`` runs the gateway of another checkout (``git archive <commit> | tar -x -C DIR``)
+instead of the installed one, through ``PYTHONPATH``.
 
 The honest listener (this process): one python-socketio client over websocket, authenticated with
 a JWT as ``HONEST/1``, and a message ``[{"__id": "HONEST/1"}]`` POSTed every ``--interval``
@@ -36,7 +44,42 @@ Then a baseline window without attack, and each attack in turn, run by a child p
   then ``41``), and a connect refused for a missing ``?v=``; all held (Engine.IO pings answered)
   for ``--hold`` s (8 s, longer than the 5-s authentication timeout) once all are open;
 - ``queries``: one POST (with the inbound's Basic Auth) of ``{"name":"x","audience":[{},{},...]}``
-  with 349,000 empty queries (1,047,024 bytes, under the 1 MiB body limit).
+  with 349,000 empty queries (1,047,024 bytes, under the 1 MiB body limit);
+- ``flywheel-flood``: ``--flood-connections`` (30) Flywheel connections (``/broker``) without a
+  token, each sending anonymous binds ``B {"subscribe": [...]}`` and ``B {"unsubscribe": [...]}``
+  in turn, of the same ``--filters-each`` (100) filters of ``--filter-levels`` (32) levels
+  (distinct per connection, 13.5 KB a frame), as fast as the gateway reads them, for
+  ``--flood-seconds`` (4 s), each connection reopened when the gateway closes it (the honest
+  POSTs must all be answered meanwhile: ``refused`` counts those that were not);
+- ``flywheel-publish``: ``--publishers`` (10) Flywheel connections bound with one ordinary
+  end-user token (``PUBLISHER/1``, a ``sessionId`` each), then sending client publishes
+  ``P bench/flood {body}`` (a ``--publish-bytes`` body, 1,000) as fast as the gateway reads them
+  for ``--publish-seconds`` (4 s), each reopened and bound again when closed;
+- ``recovery``: the backend (the attacker, with the inbound's credentials) POSTs one small
+  message, then ``--recovery-messages`` (4,000) messages of ``--big-bytes`` (100 KB; 400 MB in
+  all, ``--post-concurrency`` at a time, 8), all to an audience nobody has; then
+  ``--recovery-streams`` (100) anonymous SSE streams (``/events``) open at once with the first
+  message's position as ``Last-Event-ID``, each waiting ``--sse-wait`` (3 s) for its first event
+  (``__gap too_old`` once the window has let that position go);
+- ``replay``: before its window (and not measured), this process writes a topic history of
+  ``--history-entries`` (10,000) messages of ``/chat/big`` (a ``--history-bytes`` text each,
+  100) to the admins, in POSTs of batches of 1,000, and waits until the gateway is idle; then
+  ``--replayers`` (30) Gobbler connections (``/gobbler``, one admin's token,
+  ``REPLAY/1``) each send ``+ /chat/big 0 100000`` and read the replay until ``#fetch-done``,
+  an error or a close, for ``--replay-seconds`` (10 s) at most;
+- ``filters``: ``--filter-sockets`` (400) Socket.IO protocol-2 sockets (raw websockets,
+  ``--holder-concurrency`` opening at a time), each authenticated anonymously (a ``null`` token)
+  then subscribing ``--filters-each`` (100) filters of ``--filter-levels`` (32) levels, distinct
+  across sockets (40,000 in all), all held (pings answered) for ``--filter-hold`` (5 s) once all
+  are open;
+- ``sse-slow``: ``--slow-streams`` (100, ``outbound.max_sockets_per_id``) SSE streams of one
+  token (``SLOW/1``) that never read, then the backend POSTs them ``--slow-messages`` (40)
+  messages of ``--big-bytes`` (100 KB; 4 MB for each stream), ``--post-concurrency`` at a time,
+  and the streams are held ``--slow-hold`` (2 s) more;
+- ``auth-brute``: ``--auth-posts`` (500) inbound POSTs with wrong Basic Auth passwords (each a
+  different one), ``--auth-concurrency`` (20) at a time, as fast as the gateway answers, from
+  ``--auth-address`` (127.0.0.2: the honest backend posts from 127.0.0.1, and the gateway blocks
+  an address, its right credentials included); 429s are expected after the first 60.
 
 Both binary attacks stop early if the gateway's RSS grew by ``--rss-cap`` MB (2,048; the
 machine's safety, not a target). An attack's window lasts from its start until its child has
@@ -52,10 +95,10 @@ every message POSTed in it was answered and, when accepted, delivered (same limi
   (utime + stime from ``/proc/<pid>/stat``; the honest traffic alone costs what the baseline row
   shows).
 
-Targets (issue 11), per attack: stall under 250 ms, RSS growth under 64 MB, log under 1 MB, no
-honest message lost; and no holder still open at the end of its hold (every connection that is not
-authenticated within ``outbound.timeout`` is closed). The exit status is 1 when an attack misses
-one of them.
+Targets (issues 11 and 27), per attack: stall under 250 ms, RSS growth under 64 MB, log under
+1 MB, no honest message lost; and no holder still open at the end of its hold (every connection
+that is not authenticated within ``outbound.timeout`` is closed). The exit status is 1 when an
+attack misses one of them.
 """
 
 from __future__ import annotations
@@ -66,7 +109,9 @@ import collections
 import itertools
 import json
 import os
+import random
 import signal
+import string
 import subprocess
 import sys
 import tempfile
@@ -89,7 +134,22 @@ VERSION = "v1"  # the embedded default's outbound version
 INBOUND = "/v1/messages"  # and its inbound
 EVENT = "probe"
 HONEST = "HONEST/1"
-ATTACKS = ("frames", "binary", "binary-token", "holders", "queries")
+ATTACKS = (
+    "frames",
+    "binary",
+    "binary-token",
+    "holders",
+    "queries",
+    "flywheel-flood",
+    "flywheel-publish",
+    "recovery",
+    "replay",
+    "filters",
+    "sse-slow",
+    "auth-brute",
+)
+NOBODY = "NOBODY/1"  # an id no listener has: the audience of what no socket may receive
+HISTORY_TOPIC = "/chat/big"  # kept: the gateway's [[history]] keeps /chat/#
 TARGET_STALL_MS, TARGET_RSS_MB, TARGET_LOG_BYTES = 250.0, 64.0, 1 << 20
 HUGE_COUNT = 9_999_999_999
 BINARY_HEADER = f'45{HUGE_COUNT}-["authenticate",{{"_placeholder":true,"num":0}}]'
@@ -154,15 +214,70 @@ def package_layout(source: Path, into: Path) -> Path:
     return package.parent
 
 
+PASSTHROUGH = "bow_gateway.inbounds.passthrough:create_message_from_request_body"
+CONFIG = f"""\
+# attack_bench.py's gateway: the embedded default (bow_gateway/standalone.py's embedded_default),
+# plus anonymous listeners, client publishes and /chat/ histories of 10,000 (issue 27's attacks).
+[middleware]
+log_interval = 60
+
+[inbound]
+realm = "bow-gateway"
+username = "{gateway.USER}"
+password = "{gateway.PASSWORD}"
+
+[outbound]
+timeout = 5
+
+[[middlewares]]
+version = "{VERSION}"
+create_criteria_from_listener_details = "bow_gateway.middlewares.claims:criteria_from_claim"
+options = {{ claim = "criteria" }}
+
+[[inbounds]]
+path = "{INBOUND}"
+create_message_from_request_body = "{PASSTHROUGH}"
+middleware_version = "{VERSION}"
+
+[[inbounds]]
+path = "/api/message/{{topic:.+}}"
+create_message_from_request = "bow_gateway.inbounds.gobbler:GobblerInbound"
+options = {{ audience = [{{ role = "admin" }}] }}
+middleware_version = "{VERSION}"
+
+[[history]]
+filter = "/chat/#"
+max_count = 10000
+max_age = 86400
+
+[[outbounds]]
+version = "{VERSION}"
+create_listener_details_from_token = "bow_gateway.outbounds.jwt:JwtOutbound"
+options = {{ algorithms = ["HS256"], secret_env = "BOW_JWT_SECRET" }}
+middleware_version = "{VERSION}"
+anonymous_criteria = {{ role = "anonymous" }}
+create_message_from_publish = "attack_plugins:publish"
+"""
+PLUGINS = (
+    '"""attack_bench.py\'s client publishes: ``P {topic} {body}`` is the message ``topic``, its\n'
+    f'payload the body, to nobody (no listener has the id {NOBODY})."""\n\n\n'
+    "def publish(listener_details, topic, body):\n"
+    f'    return {{"name": topic, "payload": body, "audience": [{{"__id": "{NOBODY}"}}]}}\n'
+)
+
+
 def start_gateway(args: argparse.Namespace, workdir: Path) -> Gateway:
     port = free_port()
     env = {key: value for key, value in os.environ.items() if not key.startswith("BOW_")}
     env.update(BOW_JWT_SECRET=gateway.SECRET, BOW_INBOUND_PASSWORD=gateway.PASSWORD)
     if args.source:
         env["PYTHONPATH"] = str(package_layout(Path(args.source), workdir))
+    config = workdir / "gateway.toml"  # beside it, its plugin module (and the cwd)
+    config.write_text(CONFIG, encoding="utf-8")
+    (workdir / "attack_plugins.py").write_text(PLUGINS, encoding="utf-8")
     log = workdir / "gateway.log"
-    command = [sys.executable, "-m", "bow_gateway", "serve", "--host", "127.0.0.1"]
-    command += ["--port", str(port)]
+    command = [sys.executable, "-m", "bow_gateway", "serve", "--config", str(config)]
+    command += ["--host", "127.0.0.1", "--port", str(port)]
     with open(log, "wb") as out:  # cwd: no bow_gateway there to shadow the one meant
         process = subprocess.Popen(
             command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
@@ -505,6 +620,393 @@ async def attack_queries(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def topic_filters(prefix: str, count: int, levels: int) -> list[str]:
+    """``count`` distinct filters of ``levels`` levels each (3 random characters a level, the
+    first one naming ``prefix`` and the filter): 100 of 32 levels are 13 KB of JSON, a frame
+    under ``outbound.max_incoming_bytes``."""
+    rng = random.Random(prefix)
+    alphabet = string.ascii_lowercase + string.digits
+    filters = []
+    for i in range(count):
+        levels_after = ("".join(rng.choices(alphabet, k=3)) for _ in range(levels - 1))
+        filters.append("/".join([f"{prefix}-{i}", *levels_after]))
+    return filters
+
+
+def plain_ws_url(url: str, path: str, query: str = "") -> str:
+    return url.replace("http://", "ws://", 1) + f"{path}?v={VERSION}" + query
+
+
+def basic_auth(password: str = gateway.PASSWORD) -> dict[str, str]:
+    return {
+        "Content-Type": "application/json",
+        "Authorization": aiohttp.encode_basic_auth(gateway.USER, password),
+    }
+
+
+async def post_all(
+    http: aiohttp.ClientSession,
+    url: str,
+    bodies: Sequence[bytes],
+    concurrency: int,
+    headers: dict[str, str] | None = None,
+) -> collections.Counter[str]:
+    """POST every body, ``concurrency`` at a time; how many got each status."""
+    statuses: collections.Counter[str] = collections.Counter()
+    queue = iter(bodies)
+
+    async def poster() -> None:
+        for body in queue:
+            try:
+                async with http.post(url, data=body, headers=headers or basic_auth()) as r:
+                    await r.read()
+                    statuses[str(r.status)] += 1
+            except (TimeoutError, aiohttp.ClientError, OSError) as error:
+                statuses[type(error).__name__] += 1
+
+    await asyncio.gather(*(poster() for _ in range(concurrency)))
+    return statuses
+
+
+async def flywheel_attack(
+    spec: dict[str, Any], frames: Any, hello: str | None = None
+) -> dict[str, Any]:
+    """``spec["connections"]`` Flywheel connections, each sending ``hello`` (and waiting for its
+    answer) then the frames ``frames(n)`` yields, in turn, as fast as the gateway reads them,
+    for ``spec["seconds"]``; a connection the gateway closes is opened again."""
+    counts: collections.Counter[str] = collections.Counter()
+    deadline = time.monotonic() + spec["seconds"]
+
+    async def read(ws: aiohttp.ClientWebSocketResponse) -> None:
+        async for message in ws:
+            if message.type is aiohttp.WSMsgType.TEXT:
+                kind = message.data[:1]
+                counts[f"{kind} frames received"] += 1
+                if kind == "B" and '"description"' in message.data:
+                    counts["B answers with errors"] += 1
+                elif message.data.startswith("R $remote/"):
+                    counts["R $remote frames (errors, alerts)"] += 1
+
+    async def attacker(http: aiohttp.ClientSession, n: int) -> None:
+        sent = frames(n)
+        while time.monotonic() < deadline:
+            try:
+                ws = await http.ws_connect(plain_ws_url(spec["url"], "/broker"), autoping=True)
+                if hello is not None:
+                    await ws.send_str(hello.replace("{n}", str(n)))
+                    answer = await ws.receive(timeout=5)
+                    if answer.type is not aiohttp.WSMsgType.TEXT:
+                        raise ConnectionError(f"no bind answer: {answer.type.name}")
+            except (TimeoutError, aiohttp.ClientError, OSError) as error:
+                counts[f"connect failures ({type(error).__name__})"] += 1
+                await asyncio.sleep(0.05)
+                continue
+            counts["connections"] += 1
+            reading = asyncio.create_task(read(ws))
+            try:
+                while time.monotonic() < deadline and not reading.done() and not ws.closed:
+                    await ws.send_str(next(sent))
+                    counts["frames sent"] += 1
+                    await asyncio.sleep(0)  # let the reader see an answer, or a close
+            except (aiohttp.ClientError, OSError):
+                counts["send failures"] += 1
+            if reading.done() or ws.closed:
+                await asyncio.gather(reading, return_exceptions=True)
+                counts[f"closed by the gateway ({ws.close_code})"] += 1
+            reading.cancel()
+            await ws.close()
+
+    started = time.monotonic()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        await asyncio.gather(*(attacker(http, n) for n in range(spec["connections"])))
+    return {**counts, "seconds": round(time.monotonic() - started, 2)}
+
+
+async def attack_flywheel_flood(spec: dict[str, Any]) -> dict[str, Any]:
+    def frames(n: int) -> Any:
+        mine = topic_filters(f"fly{n}", spec["filters"], spec["levels"])
+        subscribe = "B " + json.dumps({"subscribe": mine})
+        unsubscribe = "B " + json.dumps({"unsubscribe": mine})
+        return itertools.cycle([subscribe, unsubscribe])
+
+    return {
+        "frame bytes": len(next(frames(0))),
+        **await flywheel_attack(spec, frames),  # anonymous: no auth in any bind
+    }
+
+
+async def attack_flywheel_publish(spec: dict[str, Any]) -> dict[str, Any]:
+    frame = "P bench/flood " + "x" * spec["body_bytes"]
+    bind = {"sessionId": "publisher-{n}", "auth": {"type": "Bearer", "token": spec["token"]}}
+    return await flywheel_attack(spec, lambda n: itertools.repeat(frame), "B " + json.dumps(bind))
+
+
+async def first_sse_event(response: aiohttp.ClientResponse, limit: float) -> str:
+    """The first event of an SSE stream (``__gap too_old``...), or why there is none."""
+    try:
+        block = await asyncio.wait_for(response.content.readuntil(b"\n\n"), limit)
+    except TimeoutError:
+        return f"no event within {limit:g} s"
+    except (aiohttp.ClientError, ValueError, OSError) as error:
+        return f"ended ({type(error).__name__})"
+    fields = dict(
+        line.split(": ", 1) for line in block.decode(errors="replace").splitlines() if ": " in line
+    )
+    event = fields.get("event", "(id only)")
+    try:
+        data = json.loads(fields.get("data", "null"))
+    except ValueError:
+        data = None
+    reason = data.get("reason") if isinstance(data, dict) else None
+    return f"{event} {reason}" if reason else event
+
+
+async def attack_recovery(spec: dict[str, Any]) -> dict[str, Any]:
+    started = time.monotonic()
+    url = spec["url"]
+    filler = "x" * spec["message_bytes"]
+    body = json.dumps({"name": "bulk", "audience": [{"__id": NOBODY}], "blob": filler}).encode()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        marker = {"name": "bulk", "audience": [{"__id": NOBODY}], "marker": True}
+        async with http.post(url + INBOUND, json=marker, headers=basic_auth()) as r:
+            await r.read()
+            since = r.headers.get("Bow-Position", "")
+        statuses = await post_all(
+            http, url + INBOUND, [body] * spec["messages"], spec["concurrency"]
+        )
+        posted = time.monotonic() - started
+        opened = time.monotonic()
+
+        async def stream() -> tuple[str, float, str]:
+            headers = {"Last-Event-ID": since, "Accept": "text/event-stream"}
+            try:
+                async with http.get(f"{url}/events?v={VERSION}", headers=headers) as response:
+                    answered = time.monotonic() - opened
+                    if response.status != 200:
+                        return str(response.status), answered, "refused"
+                    return "200", answered, await first_sse_event(response, spec["wait"])
+            except (TimeoutError, aiohttp.ClientError, OSError) as error:
+                return type(error).__name__, time.monotonic() - opened, "failed"
+
+        streams = await asyncio.gather(*(stream() for _ in range(spec["streams"])))
+    return {
+        "Last-Event-ID": since,
+        "POSTs": dict(statuses),
+        "MB posted": round(len(body) * spec["messages"] / MB),
+        "seconds posting": round(posted, 2),
+        "streams": dict(collections.Counter(status for status, _, _ in streams)),
+        "first events": dict(collections.Counter(first for _, _, first in streams)),
+        "slowest stream's answer (s)": round(max(t for _, t, _ in streams), 2),
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
+async def write_history(http: aiohttp.ClientSession, spec: dict[str, Any]) -> dict[str, Any]:
+    """The topic history ``replay`` reads, written by the backend before its window: batches of
+    1,000 messages of ``HISTORY_TOPIC`` to the admins."""
+    started = time.monotonic()
+    entry = {"name": HISTORY_TOPIC, "audience": [{"role": "admin"}], "text": "x" * spec["bytes"]}
+    batches = [
+        json.dumps([entry] * min(1000, spec["entries"] - first)).encode()
+        for first in range(0, spec["entries"], 1000)
+    ]
+    statuses = await post_all(http, spec["url"] + INBOUND, batches, 1)
+    return {
+        f"{HISTORY_TOPIC}: POSTs of 1,000": dict(statuses),
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
+async def attack_replay(spec: dict[str, Any]) -> dict[str, Any]:
+    counts: collections.Counter[str] = collections.Counter()
+    fetched: list[int] = []  # messages each connection received
+    durations: list[float] = []  # from the command to #fetch-done
+    started = time.monotonic()
+    url = spec["url"]
+    command = f"+ {HISTORY_TOPIC} 0 100000"
+
+    async def replayer(http: aiohttp.ClientSession) -> None:
+        query = "&token=" + spec["token"]
+        received = 0
+        try:
+            ws = await http.ws_connect(plain_ws_url(url, "/gobbler", query), autoping=True)
+        except (TimeoutError, aiohttp.ClientError, OSError) as error:
+            counts[f"connect failures ({type(error).__name__})"] += 1
+            return
+        asked = time.monotonic()
+        try:
+            await ws.send_str(command)
+            while True:
+                left = deadline - time.monotonic()
+                message = await ws.receive(timeout=max(left, 0.001))
+                if message.type is not aiohttp.WSMsgType.TEXT:
+                    counts[f"closed by the gateway ({ws.close_code})"] += 1
+                    break
+                text = message.data
+                if text.startswith("#fetch-done"):
+                    durations.append(time.monotonic() - asked)
+                    counts["fetches done"] += 1
+                    break
+                if text.startswith("!"):
+                    counts[text.split(" ", 1)[0]] += 1
+                    break
+                if not text.startswith("#"):
+                    received += 1
+        except TimeoutError:
+            counts["still fetching at the deadline"] += 1
+        except (aiohttp.ClientError, OSError) as error:
+            counts[type(error).__name__] += 1
+        fetched.append(received)
+        await ws.close()
+
+    deadline = time.monotonic() + spec["seconds"]
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        await asyncio.gather(*(replayer(http) for _ in range(spec["connections"])))
+    return {
+        "command": command,
+        **counts,
+        "messages received (all connections)": sum(fetched),
+        "most by one connection": max(fetched, default=0),
+        "slowest fetch (s)": round(max(durations, default=0.0), 2),
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
+async def sio_ack(ws: aiohttp.ClientWebSocketResponse, ack: int) -> str:
+    """The arguments of the acknowledgement ``ack`` (Engine.IO pings answered meanwhile)."""
+    prefix = f"43{ack}["
+    while True:
+        message = await ws.receive(timeout=10)
+        if message.type is not aiohttp.WSMsgType.TEXT:
+            raise ConnectionError(f"closed ({ws.close_code}) before the acknowledgement")
+        if message.data == "2":
+            await ws.send_str("3")
+        elif message.data.startswith(prefix):
+            return str(message.data[len(prefix) - 1 :])
+
+
+async def attack_filters(spec: dict[str, Any]) -> dict[str, Any]:
+    counts: collections.Counter[str] = collections.Counter()
+    semaphore = asyncio.Semaphore(spec["concurrency"])
+    closed = 0
+    url = ws_url(spec["url"]) + "&proto=2"
+
+    async def socket(http: aiohttp.ClientSession, n: int, opened: asyncio.Event) -> None:
+        nonlocal closed
+        add = topic_filters(f"sio{n}", spec["filters"], spec["levels"])
+        try:
+            async with semaphore:
+                try:
+                    ws = await http.ws_connect(url, autoping=True)
+                    await ws.receive(timeout=10)  # Engine.IO OPEN
+                    await ws.send_str("40")
+                    await ws.receive(timeout=10)  # 40{"sid": ...}
+                    await ws.send_str('421["authenticate",null,{}]')  # anonymous
+                    authenticated = await sio_ack(ws, 1)
+                    counts["authenticated" if '"error"' not in authenticated else "refused"] += 1
+                    await ws.send_str("422" + json.dumps(["subscribe", {"add": add}]))
+                    answer = await sio_ack(ws, 2)
+                    counts["subscribe refused" if '"error"' in answer else "subscribed"] += 1
+                except (TimeoutError, ConnectionError, aiohttp.ClientError, OSError) as error:
+                    counts[f"failed ({type(error).__name__})"] += 1
+                    return
+        finally:
+            opened.set()
+        await reader(ws)  # until the gateway closes it, or the end of the hold
+        closed += 1
+
+    started = time.monotonic()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        events = [asyncio.Event() for _ in range(spec["sockets"])]
+        tasks = [asyncio.create_task(socket(http, n, e)) for n, e in enumerate(events)]
+        await asyncio.gather(*(e.wait() for e in events))
+        open_seconds = time.monotonic() - started
+        metrics = await sockets_connected(http, spec["url"])
+        await asyncio.sleep(spec["hold"])
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return {
+        "subscribe bytes": len(json.dumps(topic_filters("sio0", spec["filters"], spec["levels"]))),
+        **counts,
+        "seconds to open all": round(open_seconds, 2),
+        "bow_sockets_connected once open": metrics,
+        "held (s)": spec["hold"],
+        "closed by the gateway": closed,
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
+async def attack_sse_slow(spec: dict[str, Any]) -> dict[str, Any]:
+    started = time.monotonic()
+    url = spec["url"]
+    audience = [{"__id": spec["listener"]}]
+    body = json.dumps({"name": "big", "audience": audience, "blob": "x" * spec["bytes"]}).encode()
+    responses: list[aiohttp.ClientResponse] = []
+    refused: collections.Counter[str] = collections.Counter()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        headers = {"Authorization": "Bearer " + spec["token"], "Accept": "text/event-stream"}
+
+        async def open_stream() -> None:
+            try:
+                response = await http.get(f"{url}/events?v={VERSION}", headers=headers)
+            except (TimeoutError, aiohttp.ClientError, OSError) as error:
+                refused[type(error).__name__] += 1
+                return
+            if response.status == 200:
+                responses.append(response)  # never read
+            else:
+                refused[str(response.status)] += 1
+                response.close()
+
+        await asyncio.gather(*(open_stream() for _ in range(spec["streams"])))
+        metrics_open = await sockets_connected(http, url)
+        statuses = await post_all(
+            http, url + INBOUND, [body] * spec["messages"], spec["concurrency"]
+        )
+        await asyncio.sleep(spec["hold"])
+        metrics_after = await sockets_connected(http, url)
+        for response in responses:
+            response.close()
+    return {
+        "streams open": len(responses),
+        "streams refused": dict(refused),
+        "POSTs": dict(statuses),
+        "MB sent to each stream": round(len(body) * spec["messages"] / MB, 1),
+        "bow_sockets_connected once open": metrics_open,
+        "bow_sockets_connected after the messages": metrics_after,
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
+async def attack_auth_brute(spec: dict[str, Any]) -> dict[str, Any]:
+    started = time.monotonic()
+    body = json.dumps({"name": "x", "audience": [{"__id": NOBODY}]}).encode()
+    guesses = iter(range(spec["posts"]))
+    # From another loopback address than the honest backend's (127.0.0.1): the gateway blocks
+    # an address, the right credentials included.
+    connector = aiohttp.TCPConnector(limit=0, local_addr=(spec["address"], 0))
+    async with aiohttp.ClientSession(connector=connector) as http:
+        statuses: collections.Counter[str] = collections.Counter()
+
+        async def guesser() -> None:
+            for guess in guesses:
+                headers = basic_auth(f"wrong-{guess}")
+                try:
+                    async with http.post(spec["url"] + INBOUND, data=body, headers=headers) as r:
+                        await r.read()
+                        statuses[str(r.status)] += 1
+                except (TimeoutError, aiohttp.ClientError, OSError) as error:
+                    statuses[type(error).__name__] += 1
+
+        await asyncio.gather(*(guesser() for _ in range(spec["concurrency"])))
+    return {
+        "from": spec["address"],
+        "statuses": dict(statuses),
+        "seconds": round(time.monotonic() - started, 2),
+    }
+
+
 def attacker_main(kind: str, spec: dict[str, Any]) -> None:
     raise_open_files_limit()
     run = {
@@ -513,6 +1015,13 @@ def attacker_main(kind: str, spec: dict[str, Any]) -> None:
         "binary-token": attack_binary,
         "holders": attack_holders,
         "queries": attack_queries,
+        "flywheel-flood": attack_flywheel_flood,
+        "flywheel-publish": attack_flywheel_publish,
+        "recovery": attack_recovery,
+        "replay": attack_replay,
+        "filters": attack_filters,
+        "sse-slow": attack_sse_slow,
+        "auth-brute": attack_auth_brute,
     }[kind]
     print(json.dumps(asyncio.run(run(spec))), flush=True)
 
@@ -539,6 +1048,58 @@ def attack_spec(kind: str, args: argparse.Namespace, gw: Gateway) -> dict[str, A
         spec.update(holders=args.holders, hold=args.hold, concurrency=args.holder_concurrency)
     elif kind == "queries":
         spec.update(queries=args.queries)
+    elif kind == "flywheel-flood":
+        spec.update(
+            connections=args.flood_connections,
+            seconds=args.flood_seconds,
+            filters=args.filters_each,
+            levels=args.filter_levels,
+        )
+    elif kind == "flywheel-publish":
+        spec.update(
+            connections=args.publishers,
+            seconds=args.publish_seconds,
+            body_bytes=args.publish_bytes,
+            token=gateway_token("PUBLISHER/1", {"role": "user"}),
+        )
+    elif kind == "recovery":
+        spec.update(
+            messages=args.recovery_messages,
+            message_bytes=args.big_bytes,
+            concurrency=args.post_concurrency,
+            streams=args.recovery_streams,
+            wait=args.sse_wait,
+        )
+    elif kind == "replay":
+        spec.update(
+            connections=args.replayers,
+            entries=args.history_entries,
+            bytes=args.history_bytes,
+            seconds=args.replay_seconds,
+            token=gateway_token("REPLAY/1", {"role": "admin"}),
+        )
+    elif kind == "filters":
+        spec.update(
+            sockets=args.filter_sockets,
+            filters=args.filters_each,
+            levels=args.filter_levels,
+            hold=args.filter_hold,
+            concurrency=args.holder_concurrency,
+        )
+    elif kind == "sse-slow":
+        spec.update(
+            listener="SLOW/1",
+            token=gateway_token("SLOW/1", {"role": "user"}),
+            streams=args.slow_streams,
+            messages=args.slow_messages,
+            bytes=args.big_bytes,
+            concurrency=args.post_concurrency,
+            hold=args.slow_hold,
+        )
+    elif kind == "auth-brute":
+        spec.update(
+            posts=args.auth_posts, concurrency=args.auth_concurrency, address=args.auth_address
+        )
     return spec
 
 
@@ -720,6 +1281,11 @@ async def bench(args: argparse.Namespace, workdir: Path) -> list[Row]:
                 print_progress(rows[-1])
                 for kind in args.attacks:
                     spec = attack_spec(kind, args, gw)
+                    if kind == "replay":  # its history, before its window
+                        written = await write_history(http, spec)
+                        await asyncio.sleep(0.5)
+                        await wait_until_idle(gw.pid, args.drain)
+                        print(f"  before replay's window: {json.dumps(written)}", flush=True)
                     attack = asyncio.ensure_future(run_attacker(kind, spec))
                     rows.append(await measure(kind, probe, gw, args, attack))
                     print_progress(rows[-1])
@@ -773,6 +1339,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hold", type=float, default=8.0, help="s, once all are open")
     parser.add_argument("--holder-concurrency", type=int, default=100, help="opening at a time")
     parser.add_argument("--queries", type=int, default=349_000)
+    parser.add_argument("--filters-each", type=int, default=100, help="filters, per connection")
+    parser.add_argument("--filter-levels", type=int, default=32, help="levels, per filter")
+    parser.add_argument("--flood-connections", type=int, default=30)
+    parser.add_argument("--flood-seconds", type=float, default=4.0)
+    parser.add_argument("--publishers", type=int, default=10)
+    parser.add_argument("--publish-seconds", type=float, default=4.0)
+    parser.add_argument("--publish-bytes", type=int, default=1000, help="per P frame's body")
+    parser.add_argument("--big-bytes", type=int, default=100_000, help="recovery, sse-slow")
+    parser.add_argument("--post-concurrency", type=int, default=8, help="backend POSTs at once")
+    parser.add_argument("--recovery-messages", type=int, default=4000)
+    parser.add_argument("--recovery-streams", type=int, default=100)
+    parser.add_argument("--sse-wait", type=float, default=3.0, help="s for a stream's 1st event")
+    parser.add_argument("--replayers", type=int, default=30)
+    parser.add_argument("--history-entries", type=int, default=10_000)
+    parser.add_argument("--history-bytes", type=int, default=100, help="per entry's text")
+    parser.add_argument("--replay-seconds", type=float, default=10.0, help="s, at most")
+    parser.add_argument("--filter-sockets", type=int, default=400)
+    parser.add_argument("--filter-hold", type=float, default=5.0, help="s, once all are open")
+    parser.add_argument("--slow-streams", type=int, default=100)
+    parser.add_argument("--slow-messages", type=int, default=40)
+    parser.add_argument("--slow-hold", type=float, default=2.0, help="s after the messages")
+    parser.add_argument("--auth-posts", type=int, default=500)
+    parser.add_argument("--auth-concurrency", type=int, default=20, help="POSTs at once")
+    parser.add_argument("--auth-address", default="127.0.0.2", help="the guesser's address")
     parser.add_argument(
         "--quiet", type=float, default=30.0, help="s to wait for a quiet machine first (0: none)"
     )
