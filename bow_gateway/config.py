@@ -174,7 +174,7 @@ class _RecoverySchema(Schema):
     max_count = fields.Integer(load_default=10_000, validate=validate.Range(min=1))
     max_replay = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
     max_bytes = fields.Integer(
-        load_default=67_108_864, validate=validate.Range(min=1, error="must be at least 1 byte")
+        load_default=33_554_432, validate=validate.Range(min=1, error="must be at least 1 byte")
     )
     max_scan = fields.Integer(load_default=10_000, validate=validate.Range(min=1))
     max_replays_per_minute = fields.Integer(
@@ -295,7 +295,7 @@ class Config:
     recovery_max_age: float = 120.0
     recovery_max_count: int = 10_000
     recovery_max_replay: int = 1_000
-    recovery_max_bytes: int = 67_108_864
+    recovery_max_bytes: int = 33_554_432
     """Bytes of messages the recovery window holds (as they crossed the backplane)."""
     recovery_max_scan: int = 10_000
     """Entries of the window one recovery looks at, at most (more: ``too_many``)."""

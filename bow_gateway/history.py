@@ -27,6 +27,8 @@ UNKNOWN_POSITION: Final = "unknown_position"
 DISABLED: Final = "disabled"
 CONTROL_ITEMS: Final = 4  # items of any kind kept, per message of max_count
 DECODED_SIZE: Final = 1_024  # bytes counted for a message kept decoded (given without its bytes)
+ENTRY_SIZE: Final = 400  # bytes counted for an entry besides its message's bytes (measured: the
+# tuple, its position, key and time, the number of the position: some 380)
 SLICE_ENTRIES: Final = 256  # entries a slice of a recovery or a replay looks at, at most
 SLICE_SECONDS: Final = 0.001  # and its work, at most (a slice ends at the first entry past it)
 
@@ -83,7 +85,10 @@ class Slices:
     def end(self) -> None:
         if self._held:
             self._held = False
-            self._lock.release()
+            # Released at the event loop's next step, not now: work that wakes in this step
+            # (many replays' timers at once) waits its turn instead of taking the lane right
+            # after this slice, so that a step runs one slice at most, however many share it.
+            asyncio.get_running_loop().call_soon(self._lock.release)
 
 
 Item = tuple[str, tuple[int, ...], str | None, float, bytes | MessageEvent | None]
@@ -106,6 +111,7 @@ class Kept:
     message: MessageEvent
     # the message as replayed, encoded once per codec (by name) for every socket
     packets: dict[str, bytes] | None = None
+    size: int = DECODED_SIZE  # bytes counted for it in the window (History._decoded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,14 +134,16 @@ class History:
         max_count: int = 10_000,
         max_age: float = 120.0,
         max_listeners: int = 100_000,
-        max_bytes: int = 67_108_864,
+        max_bytes: int = 33_554_432,
         max_scan: int = 10_000,
     ) -> None:
         self._parse = parse
         self._max_count = max_count
         self.max_bytes = max_bytes
         self._max_scan = max_scan
-        self._bytes = 0  # the messages' bytes (as they crossed the backplane) among the items
+        self._bytes = 0  # what the items hold: ENTRY_SIZE each, and their messages' bytes
+        self._kept_bytes = 0  # what the recoveries' decoded messages hold (see _decoded)
+        self._recovering = 0  # recoveries under way (they share the decoded messages)
         self._generation = 0  # counts restarts: a recovery under way sees the history broke
         self.lane = Lane()
         self._max_age = max_age
@@ -176,6 +184,7 @@ class History:
             self._bytes += DECODED_SIZE if data is None else len(data)
         else:
             version = held = None
+        self._bytes += ENTRY_SIZE
         number = self._first + len(self._items)
         self._items.append((position, key, version, at, held))
         self._numbers[position] = number
@@ -189,6 +198,8 @@ class History:
             or len(self._items) > CONTROL_ITEMS * self._max_count
         ):
             self._forget_one()
+        if self._kept_bytes and self._bytes + self._kept_bytes > self.max_bytes:
+            self._drop_kept()
 
     def restart(self, position: str) -> None:
         """The history broke (a gap): forget everything; it continues after ``position``."""
@@ -198,7 +209,7 @@ class History:
         self._numbers.clear()
         self._first = 0
         self._messages = 0
-        self._bytes = 0
+        self._bytes = self._kept_bytes = 0
         self._generation += 1
         self.epoch, self._floor = (None, None) if parsed is None else parsed
         self._floor_position = None if parsed is None else position
@@ -261,8 +272,9 @@ class History:
         generation = self._generation
         slices = self.lane.slices()
         replay: list[Kept] = []
-        await slices.begin()
+        self._recovering += 1
         try:
+            await slices.begin()
             while (number := number + 1) <= end:
                 if self._generation != generation:  # a gap: live delivery says so
                     return Recovery(False, EPOCH_CHANGED, self.last)
@@ -284,14 +296,38 @@ class History:
                     number += 1
         finally:
             slices.end()
+            self._recovering -= 1
+            if self._kept_bytes and self._bytes + self._kept_bytes > self.max_bytes:
+                self._drop_kept()
         return Recovery(True, None, last, replay)
 
     def _decoded(self, position: str, held: bytes | MessageEvent | None) -> Kept:
-        """The message at ``position``, decoded, kept until it leaves the window."""
-        event = decode_event(held) if isinstance(held, bytes) else held
+        """The message at ``position``, decoded, kept until it leaves the window or until the
+        window holds more than ``max_bytes`` with it when no recovery is under way.
+
+        The recoveries under way share it (and the packets each codec replays it as): however
+        many sockets recover at once, a message is decoded once. It counts its bytes twice (its
+        decoded form, its packet) and :data:`DECODED_SIZE`; the oldest decoded go first when the
+        window's entries and they hold more than ``max_bytes`` (what a recovery then looks at
+        again is decoded again): at rest, the window holds ``max_bytes`` at most."""
+        if isinstance(held, bytes):
+            event: object = decode_event(held)
+            size = 2 * len(held) + DECODED_SIZE
+        else:
+            event, size = held, DECODED_SIZE
         assert isinstance(event, MessageEvent), "only a message has a version"
-        kept = self._kept[position] = Kept(position, event)
+        kept = self._kept[position] = Kept(position, event, size=size)
+        self._kept_bytes += size
         return kept
+
+    def _drop_kept(self) -> None:
+        """Let the oldest decoded messages go until the window holds ``max_bytes`` at most (none
+        while a recovery is under way: it may look at them again)."""
+        if self._recovering:
+            return
+        kept = self._kept
+        while kept and self._bytes + self._kept_bytes > self.max_bytes:
+            self._kept_bytes -= kept.pop(next(iter(kept))).size
 
     def _after(self, number: int) -> Iterator[Item]:
         return itertools.islice(self._items, number + 1 - self._first, None)
@@ -304,8 +340,9 @@ class History:
     def _forget_one(self) -> None:
         position, key, version, _, held = self._items.popleft()
         del self._numbers[position]
-        if self._kept:
-            self._kept.pop(position, None)
+        if self._kept and (kept := self._kept.pop(position, None)) is not None:
+            self._kept_bytes -= kept.size
+        self._bytes -= ENTRY_SIZE
         if version is not None:
             self._messages -= 1
             self._bytes -= len(held) if isinstance(held, bytes) else DECODED_SIZE

@@ -5,6 +5,8 @@ alone (:mod:`.gobbler_client`): subscribe, every form of replay, cancel, send, R
 from __future__ import annotations
 
 import asyncio
+import gc
+import tracemalloc
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -533,4 +535,79 @@ async def test_a_fetch_over_recovery_max_bytes_is_refused_and_subscribes_to_noth
     assert await client.nothing_within(0.3)  # not subscribed
     start, messages, _ = await client.fetch(f"+ {ROOM} -2 2")  # 40 KB: within the bound
     assert start.text == f"{ROOM} 2" and len(messages) == 2
+    await client.close()
+
+
+async def test_a_big_fetch_never_holds_its_frames_all_at_once(
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
+    """Guards against a fetch that encodes its whole replay before ``#fetch-start`` (issue 27):
+    10 connections each fetching 5,000 messages of 1 KB (5 MB of frames each, 58 MB held at
+    once in all) hold at most a slice or two of frames each at a time (1.6 MB in all), with
+    ``#fetch-start`` still exact."""
+    entries, clients_count = 5_000, 10
+    most = clients_count * 2 * 256 * 1_024  # 2 slices (256 messages) of frames per fetch
+    gateway = await serve(gobbler_bow(history=[{"filter": "/chat/#", "max_count": entries}]))
+    message = {"name": ROOM, "payload": "x" * 1_000, "audience": MEMBERS}
+    for _ in range(entries // 500):
+        await gateway.push([message] * 500)  # a batch under inbound.max_body_size
+    clients = []
+    for n in range(clients_count):
+        client = await GobblerClient.open(http, gateway.url, token(f"U{n}", {"room": 1}))
+        await client.status("#ok-connected")
+        clients.append(client)
+
+    async def fetch(client: GobblerClient) -> tuple[str, int]:
+        await client.send(f"+ {ROOM} 0 {entries}")
+        start = await client.status("#fetch-start")
+        received = 0
+        while True:
+            frame = await client.websocket.receive(timeout=30)
+            assert frame.type is aiohttp.WSMsgType.TEXT, frame
+            if str(frame.data).startswith("#fetch-done"):
+                return start.text, received
+            received += 1
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        fetched = await asyncio.gather(*(fetch(client) for client in clients))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert fetched == [(f"{ROOM} {entries}", entries)] * clients_count
+    print("PEAK", (peak - before) / 1e6)
+    assert peak - before < most, f"{(peak - before) / 1e6:.1f} MB held at once"
+    for client in clients:
+        await client.close()
+
+
+async def test_a_fetch_writes_what_it_counted_though_the_history_moves_on_meanwhile(
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
+    """Guards against a fetch that counts entries, then reads them again to write them: the
+    history replaced while the client is slow to read (3,000 messages pushed after
+    ``#fetch-start``, past ``max_count``), what follows is still exactly what was counted."""
+    entries = 3_000
+    gateway = await serve(gobbler_bow(history=[{"filter": "/chat/#", "max_count": entries}]))
+
+    async def push_all(text: str) -> None:
+        message = {"name": ROOM, "payload": text * 1_000, "audience": MEMBERS}
+        for _ in range(entries // 500):
+            await gateway.push([message] * 500)
+
+    await push_all("a")
+    client = await GobblerClient.open(http, gateway.url, token("U1", {"room": 1}))
+    await client.status("#ok-connected")
+    await client.send(f"+ {ROOM} 0 {entries}")
+    start = await client.status("#fetch-start")
+    assert start.text == f"{ROOM} {entries}"
+    await push_all("b")  # the history now holds none of what the fetch counted
+    messages = []
+    while isinstance(frame := await client.next(), GobblerMessage):
+        messages.append(frame)
+    assert frame.kind == "#fetch-done", frame
+    assert sequences(messages) == list(range(1, entries + 1))
+    assert {message.body for message in messages} == {"a" * 1_000}
     await client.close()

@@ -7,8 +7,10 @@ epoch) and real python-socketio clients that keep every argument of every event.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import time
+import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -606,7 +608,7 @@ async def test_a_long_recovery_lets_live_delivery_go_on_and_ends_where_live_begi
     """A recovery over a window of big messages takes turns with the event loop: a listener
     pushed to every 20 ms meanwhile never waits 250 ms, and the recovering socket still gets its
     replay, then what was delivered during it, each once, in order."""
-    gateway = await serve()
+    gateway = await serve(recovery={"max_bytes": 64 << 20})  # 1,600 of 32 KB: 52 MB
     honest, _ = await gateway.listener(token("HONEST", {"blogId": 1}))
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
     since = await live_position(gateway, first)
@@ -643,3 +645,53 @@ async def test_a_long_recovery_lets_live_delivery_go_on_and_ends_where_live_begi
     arrivals = [at for name, _, at in honest.log if name == "tick"]
     gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
     assert len(arrivals) > 10 and max(gaps) < 0.25, max(gaps)
+
+
+def held_by_the_gateway(before: tracemalloc.Snapshot) -> int:
+    """Bytes allocated since ``before`` and still held, by the gateway's code (any frame of the
+    allocation in ``bow_gateway``: the test's clients hold what they received, not counted)."""
+    gc.collect()
+    after = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(True, "*bow_gateway*", all_frames=True)]
+    )
+    return sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+
+
+async def test_what_the_window_holds_stays_under_recovery_max_bytes(serve: Serve) -> None:
+    """Measured with tracemalloc: a window of 100-KB messages holds no more than
+    ``recovery.max_bytes`` (each event held at its size: orjson's output kept the 1-MiB buffer
+    it was written into, ten times that), and once a recovery replayed some of them, what it
+    decoded (the messages, their packets) is let go."""
+    bound = 2_000_000
+    gateway = await serve(recovery={"max_bytes": bound})
+    first, _ = await gateway.listener(token("USER/1", AUTHOR))
+    await live_position(gateway, first)
+    await first.close()
+    big = "x" * 100_000
+    tracemalloc.start(32)
+    try:
+        before = tracemalloc.take_snapshot().filter_traces(
+            [tracemalloc.Filter(True, "*bow_gateway*", all_frames=True)]
+        )
+        positions = [
+            await gateway.push({"name": f"big-{i}", "payload": big, "audience": BLOG_42})
+            for i in range(40)  # 4 MB: the oldest leave the window
+        ]
+        await gateway.settle()
+        held = held_by_the_gateway(before)
+        assert held < 1.25 * bound, f"the window holds {held} bytes"
+        # A recovery of the newest 9 (their positions in the window): replayed, then let go
+        again, ack = await gateway.listener(token("USER/2", AUTHOR), {"since": positions[30]})
+        assert (ack["recovered"], ack["reason"]) == (True, None)
+        for i in range(31, 40):
+            assert await again.expect(f"big-{i}") == (
+                big,
+                {"position": positions[i], "replayed": True},
+            )
+        await gateway.sentinel(BLOG_42, again)
+        await again.close()
+        await gateway.settle()
+        held = held_by_the_gateway(before)
+        assert held < 1.25 * bound, f"after a recovery, the window holds {held} bytes"
+    finally:
+        tracemalloc.stop()

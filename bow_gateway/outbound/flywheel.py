@@ -266,17 +266,21 @@ class FlywheelEndpoint:
             loop = asyncio.get_running_loop()
             while self._pings:
                 await asyncio.sleep(SWEEP)
-                now = loop.time()
-                for connection, pings in list(self._pings.items()):
-                    transport = connection.transport
-                    if transport is None or transport.is_closing():
-                        continue
-                    if pings[1] and now - pings[1] > PONG_WITHIN:
-                        logger.info("Flywheel connection %s: no pong: cut off", connection.sid)
-                        connection.closing = connection.closing or "ping timeout"
-                        transport.abort()
-                    elif not pings[1] and now >= pings[0]:
-                        pings[1] = now
-                        transport.write(PING_FRAME)
+                self._look(loop.time())
         finally:
             self._sweeping = False
+
+    def _look(self, now: float) -> None:
+        """One sweep: a function of its own, so that no connection it looked at stays referenced
+        (by a loop variable of :meth:`_sweep`'s frame) while the sweep sleeps."""
+        for connection, pings in list(self._pings.items()):
+            transport = connection.transport
+            if transport is None or transport.is_closing():
+                continue
+            if pings[1] and now - pings[1] > PONG_WITHIN:
+                logger.info("Flywheel connection %s: no pong: cut off", connection.sid)
+                connection.closing = connection.closing or "ping timeout"
+                transport.abort()
+            elif not pings[1] and now >= pings[0]:
+                pings[1] = now
+                transport.write(PING_FRAME)

@@ -17,9 +17,12 @@
 
 Anything else is ``!error-bad-request``. A replay is filtered by the connection's criteria of now
 and written as fast as the client reads it. Replays are bounded: ``recovery.max_replays_per_minute``
-per connection and per listener id, and the frames of one fetch (read and encoded in slices that
-take turns with the event loop before ``#fetch-start``) at most ``recovery.max_bytes``; past
-either, ``!error-bad-request`` says which, and a ``+ path start`` subscribes to nothing.
+per connection and per listener id, and the entries of one fetch at most ``recovery.max_bytes``;
+past either, ``!error-bad-request`` says which, and a ``+ path start`` subscribes to nothing. A
+fetch is read and filtered before ``#fetch-start`` keeping only the entries it counted (its first
+messages encoded), then encoded as it is written: it never holds its frames all at once. Both
+passes go in slices that take turns with the event loop and every other replay or recovery
+(:class:`~bow_gateway.history.Lane`), however many run at once.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any, Final
 
 from ..backplanes import Stored
-from ..message import dumps
+from ..history import SLICE_ENTRIES
+from ..message import MessageEvent, decode_event, dumps
 from ..seams import websocket_frame
 from ..topics import parse_filter
 from .connection import Connection, logger
@@ -42,6 +47,8 @@ if TYPE_CHECKING:
     from .sockets import SocketOutbound
 
 MAX_PATH: Final = 1_000  # characters of a path
+ENCODED_FIRST: Final = SLICE_ENTRIES  # a fetch's first messages encoded as they are read,
+ENCODED_BYTES: Final = REPLAY_LOW_WATER  # as long as their frames are under this many bytes
 
 
 def status(kind: str, text: str = "", data: Any = None) -> bytes:
@@ -56,7 +63,18 @@ class BadCommand(ValueError):
 
 
 class TooBig(BadCommand):
-    """A fetch whose frames would be over ``recovery.max_bytes``."""
+    """A fetch whose entries would be over ``recovery.max_bytes``."""
+
+
+class Fetch:
+    """A fetch under way: what follows ``#fetch-start`` (encoded frames, then the entries to
+    encode as they are written), and how many were written."""
+
+    __slots__ = ("items", "sent")
+
+    def __init__(self) -> None:
+        self.items: deque[bytes | Stored] = deque()
+        self.sent = 0
 
 
 class Commands:
@@ -120,15 +138,12 @@ class Commands:
             topics.add(connection, _filter(path), owner=owner(connection))
             outbound.writer.begin_replay(connection, [])
             mark = outbound.history.last
-        sent = 0
+        fetch = Fetch()
         try:
-            frames = await self._fetched(connection, path, start, count, mark)
-            self._send_now(connection, status("#fetch-start", f"{path} {len(frames)}"))
-            for frame in frames:
-                await self._room(connection)
-                if not self._send_now(connection, frame):
-                    return
-                sent += 1
+            await self._fetched(fetch, connection, path, start, count, mark)
+            self._send_now(connection, status("#fetch-start", f"{path} {len(fetch.items)}"))
+            if not await self._replayed(fetch, connection):
+                return
             self._send_now(connection, status("#fetch-done", path))
             if live:
                 self._send_now(connection, status("#subscribed-to", path))
@@ -147,42 +162,86 @@ class Commands:
         finally:
             if live and connection.closing is None:
                 await outbound.writer.replay(connection)  # what came live meanwhile, in order
-            outbound.metrics.replayed.inc(sent)
+            outbound.metrics.replayed.inc(fetch.sent)
 
     async def _fetched(
-        self, connection: Connection, path: str, start: int, count: int | None, mark: str | None
-    ) -> list[bytes]:
-        """The frames a fetch replays, read and filtered (criteria of now, age, ``mark``) before
+        self,
+        fetch: Fetch,
+        connection: Connection,
+        path: str,
+        start: int,
+        count: int | None,
+        mark: str | None,
+    ) -> None:
+        """What a fetch replays, read and filtered (criteria of now, age, ``mark``) before
         ``#fetch-start``, whose count must be exactly theirs: what the listener may see, no more.
-        Encoded in slices on the history's lane; :class:`TooBig` past ``recovery.max_bytes``."""
+        The first ones, up to :data:`ENCODED_FIRST` messages and :data:`ENCODED_BYTES`, are
+        encoded at once (a small fetch decodes each message once); past them, only the entries
+        read are kept (the in-process backplane's own, or the bytes Redis answered: what was
+        counted is what follows, whatever leaves the history meanwhile), decoded again as they
+        are written. :class:`TooBig` past ``recovery.max_bytes`` of entries."""
         outbound = self._outbound
         history = outbound.topic_history
         if history is None:
-            return []
+            return
         begin, most = await history.span(path, start, count)
 
         def past_mark(stored: Stored) -> bool:
             return mark is not None and outbound.history.is_after(stored.position, mark)
 
-        frames: list[bytes] = []
+        items, codec = fetch.items, connection.codec
         size, most_bytes = 0, outbound.history.max_bytes
-        slices = outbound.history.lane.slices()
-        replayed = history.replay(outbound, connection, path, begin, most, until=past_mark)
-        async for events in replayed:
-            await slices.begin()
-            try:
-                for event in events:
-                    frame = connection.codec.replayed(event, "")
-                    size += len(frame)
-                    if size > most_bytes:
-                        text = f"{path[:64]} {len(frames) + 1}+ messages are over "
-                        raise TooBig(text + f"{most_bytes} bytes (recovery.max_bytes): ask fewer")
-                    frames.append(frame)
-                    if slices.due():
-                        await slices.pause()
-            finally:
-                slices.end()
-        return frames
+        encoded = 0  # bytes of the first frames, encoded as they are read
+
+        def take(stored: Stored, event: MessageEvent) -> None:
+            nonlocal size, encoded
+            size += len(stored.data)
+            if size > most_bytes:
+                text = f"{path[:64]} {len(items) + 1}+ messages are over "
+                raise TooBig(text + f"{most_bytes} bytes (recovery.max_bytes): ask fewer")
+            if len(items) < ENCODED_FIRST and encoded < ENCODED_BYTES:
+                frame = codec.replayed(event, "")
+                encoded += len(frame)
+                items.append(frame)
+            else:  # the rest: their entries, encoded as they are written
+                items.append(stored)
+
+        await history.select(outbound, connection, path, begin, most, take, until=past_mark)
+
+    async def _replayed(self, fetch: Fetch, connection: Connection) -> bool:
+        """Write what :meth:`_fetched` kept as fast as the client reads it: the frames encoded
+        (all of a small fetch) at once, the entries in slices on the history's lane, each encoded
+        as it is written. False when the connection went."""
+        items, writer = fetch.items, self._outbound.writer
+        while items and isinstance(frame := items[0], bytes):
+            await self._room(connection)
+            if not self._send_now(connection, frame):
+                return False
+            items.popleft()
+            fetch.sent += 1
+        if not items:
+            return True
+        slices = self._outbound.history.lane.slices()
+        await slices.begin()
+        try:
+            while items:
+                if writer.buffered(connection) > REPLAY_LOW_WATER:
+                    slices.end()
+                    await self._room(connection)
+                    await slices.begin()
+                item = items.popleft()
+                if isinstance(item, Stored):
+                    event = decode_event(item.data)
+                    assert isinstance(event, MessageEvent), "a message when it was counted"
+                    item = connection.codec.replayed(event, "")
+                if not self._send_now(connection, item):
+                    return False
+                fetch.sent += 1
+                if slices.due():
+                    await slices.pause()
+        finally:
+            slices.end()
+        return True
 
     def _send_now(self, connection: Connection, frame: bytes) -> bool:
         """Write ahead of what waits behind a replay (the replay's own frames)."""

@@ -29,6 +29,7 @@ MAX_COUNT: Final = 100_000  # the most one replay may ask for
 
 Bounds = Callable[[str], Awaitable[tuple[int, int] | None]]
 Read = Callable[[str, int, int], Awaitable[list[Stored]]]
+Take = Callable[[Stored, MessageEvent], None]  # a message a replay may show, and its entry
 
 
 class ReplayLimit:
@@ -112,6 +113,44 @@ class TopicHistory:
         """The messages of ``topic`` from sequence ``begin`` that ``connection`` may see now, at
         most ``count`` read (``until``: stop at the first entry it says is past the end), a
         chunk's at a time (a list, maybe empty), decoded in slices on the history's lane."""
+        events: list[MessageEvent] = []
+
+        def take(stored: Stored, event: MessageEvent) -> None:
+            events.append(event)
+
+        async for _ in self._scan(outbound, connection, topic, begin, count, take, until):
+            chunk, events = events, []
+            yield chunk
+
+    async def select(
+        self,
+        outbound: Sockets,
+        connection: Connection,
+        topic: str,
+        begin: int,
+        count: int,
+        take: Take,
+        *,
+        until: Callable[[Stored], bool] | None = None,
+    ) -> None:
+        """:meth:`replay`'s messages, each given to ``take`` with the entry it was read from, as
+        it is decoded (in the slice that decoded it): a reader that keeps what it needs (the
+        entry, to decode it again later) holds no decoded message of its own."""
+        async for _ in self._scan(outbound, connection, topic, begin, count, take, until):
+            pass
+
+    async def _scan(
+        self,
+        outbound: Sockets,
+        connection: Connection,
+        topic: str,
+        begin: int,
+        count: int,
+        take: Take,
+        until: Callable[[Stored], bool] | None,
+    ) -> AsyncIterator[None]:
+        """Reads for :meth:`replay` and :meth:`select`: ``take`` each message that
+        ``connection`` may see now; yields after each chunk."""
         rule = self.retentions.rule_for(topic)
         if rule is None or count <= 0:
             return
@@ -122,7 +161,6 @@ class TopicHistory:
             asked = min(CHUNK, left)
             chunk = await self._read(topic, sequence, asked)
             oldest = time.time() - rule.max_age
-            events: list[MessageEvent] = []
             ended = len(chunk) < asked  # the end of the history
             await slices.begin()
             try:
@@ -143,11 +181,11 @@ class TopicHistory:
                             and event.middleware_version == version
                             and matches(entries, connection.listener_id, event.message.audience)
                         ):
-                            events.append(event)
+                            take(stored, event)
                     if slices.due():
                         await slices.pause()
             finally:
                 slices.end()
-            yield events
+            yield None
             if ended:
                 return
