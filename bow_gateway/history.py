@@ -31,7 +31,9 @@ ENTRY_SIZE: Final = 400  # bytes counted for an entry besides its message's byte
 # tuple, its position, key and time, the number of the position: some 380)
 SLICE_ENTRIES: Final = 256  # entries a slice of a recovery or a replay looks at, at most
 SLICE_SECONDS: Final = 0.004  # and its work, at most (a slice ends at the first entry past it)
-RECOVERY_SLICE_ENTRIES: Final = 4_096  # a recovery's slices: its entries are checked, not encoded
+RECOVERY_SLICE_ENTRIES: Final = 65_536  # a recovery's slices, bounded by time: no entry is encoded
+CLOCK_EVERY: Final = 16  # entries between two readings of the clock (a decoding may take 1 ms)
+RECOVERY_CHUNK: Final = 128  # a recovery's entries between two, and after each decoding
 
 
 class Lane:
@@ -74,9 +76,19 @@ class Slices:
         self._until = time.perf_counter() + SLICE_SECONDS
 
     def due(self) -> bool:
-        """One more entry done: whether this slice is over (the clock read every 16 entries)."""
+        """One more entry done: whether this slice is over (the clock read every
+        :data:`CLOCK_EVERY` entries)."""
         left = self._left = self._left - 1
-        return left <= 0 or (not left & 15 and time.perf_counter() >= self._until)
+        return left <= 0 or (not left % CLOCK_EVERY and time.perf_counter() >= self._until)
+
+    def expired(self) -> bool:
+        """Whether this slice's time is over."""
+        return time.perf_counter() >= self._until
+
+    def done(self, entries: int) -> bool:
+        """``entries`` more done at once: whether this slice is over."""
+        self._left -= entries
+        return self._left <= 0 or time.perf_counter() >= self._until
 
     async def pause(self) -> None:
         """Let the event loop, then the other slices waiting, run; then start the next slice."""
@@ -276,27 +288,36 @@ class History:
         slices = self.lane.slices(RECOVERY_SLICE_ENTRIES)
         replay: list[Kept] = []
         self._recovering += 1
+        number += 1  # the next entry to look at
         try:
             await slices.begin()
-            while (number := number + 1) <= end:
+            while number <= end:
                 if self._generation != generation:  # a gap: live delivery says so
                     return Recovery(False, EPOCH_CHANGED, self.last)
                 if number < self._first:  # what was left to look at left the window
                     return Recovery(False, TOO_OLD, self.last)
-                items = itertools.islice(self._items, number - self._first, end + 1 - self._first)
-                for position, _, version, _, held in items:
-                    if version == middleware_version:
-                        kept = self._kept.get(position) or self._decoded(position, held)
-                        if matches(kept.message.message):
-                            if len(replay) == max_replay:
-                                return Recovery(False, TOO_MANY, last)
-                            replay.append(kept)
-                    if number == end:
-                        break
-                    if slices.due():
+                # From here (the window may have changed during a pause), a few entries at a time
+                # in a tight loop, the slice's bounds checked between them
+                entries = itertools.islice(self._items, number - self._first, end + 1 - self._first)
+                while number <= end:
+                    count = min(RECOVERY_CHUNK, end + 1 - number)
+                    expired = False  # the clock is read after each decoding: it may take 1 ms
+                    for position, _, version, _, held in itertools.islice(entries, count):
+                        if version == middleware_version:
+                            kept = self._kept.get(position)
+                            if kept is None:
+                                kept = self._decoded(position, held)
+                                expired = slices.expired()
+                            if matches(kept.message.message):
+                                if len(replay) == max_replay:
+                                    return Recovery(False, TOO_MANY, last)
+                                replay.append(kept)
+                            if expired:
+                                break
+                    number = self._numbers[position] + 1 if expired else number + count
+                    if number <= end and (expired or slices.done(count)):
                         await slices.pause()
                         break
-                    number += 1
         finally:
             slices.end()
             self._recovering -= 1
