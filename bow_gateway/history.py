@@ -340,7 +340,7 @@ class History:
         else:
             event, size = held, DECODED_SIZE
         assert isinstance(event, MessageEvent), "only a message has a version"
-        kept = self._kept[position] = Kept(position, event, size=size)
+        kept = self._kept[position] = Kept(position, event, None, size)
         self._kept_bytes += size
         return kept
 
