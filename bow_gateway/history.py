@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
@@ -30,9 +30,10 @@ DECODED_SIZE: Final = 1_024  # bytes counted for a message kept decoded (given w
 ENTRY_SIZE: Final = 400  # bytes counted for an entry besides its message's bytes (measured: the
 # tuple, its position, key and time, the number of the position: some 380)
 SLICE_ENTRIES: Final = 256  # entries a slice of a recovery or a replay looks at, at most
-SLICE_SECONDS: Final = 0.004  # and its work, at most (a slice ends at the first entry past it)
+SLICE_SECONDS: Final = 0.001  # and its work, at most (a slice ends at the first entry past it)
 RECOVERY_SLICE_ENTRIES: Final = 65_536  # a recovery's slices, bounded by time: no entry is encoded
 CLOCK_EVERY: Final = 16  # entries between two readings of the clock (a decoding may take 1 ms)
+DROP_SECONDS: Final = 0.002  # decoded messages let go at a time, at most (see History._drop_kept)
 RECOVERY_CHUNK: Final = 128  # a recovery's entries between two, and after each decoding
 
 
@@ -163,7 +164,8 @@ class History:
         self.lane = Lane()
         self._max_age = max_age
         self._items: deque[Item] = deque()
-        self._kept: dict[str, Kept] = {}  # position -> its message, once a recovery decoded it
+        # position -> its message, once a recovery decoded it (oldest first)
+        self._kept: OrderedDict[str, Kept] = OrderedDict()
         self._numbers: dict[str, int] = {}  # position -> number of its item (counted from 0)
         self._first = 0  # number of self._items[0]
         self.epoch: str | None = None
@@ -333,7 +335,8 @@ class History:
         many sockets recover at once, a message is decoded once. It counts its bytes twice (its
         decoded form, its packet) and :data:`DECODED_SIZE`; the oldest decoded go first when the
         window's entries and they hold more than ``max_bytes`` (what a recovery then looks at
-        again is decoded again): at rest, the window holds ``max_bytes`` at most."""
+        again is decoded again): at rest, the window holds ``max_bytes`` at most, once the
+        events after a recovery let them go (a few milliseconds at a time)."""
         if isinstance(held, bytes):
             event: object = decode_event(held)
             size = 2 * len(held) + DECODED_SIZE
@@ -346,12 +349,17 @@ class History:
 
     def _drop_kept(self) -> None:
         """Let the oldest decoded messages go until the window holds ``max_bytes`` at most (none
-        while a recovery is under way: it may look at them again)."""
+        while a recovery is under way: it may look at them again), for :data:`DROP_SECONDS` at a
+        time: freeing what a long recovery decoded at once stalled the loop 200 ms (1,600
+        messages of 2,000 objects each); the rest goes at the next events."""
         if self._recovering:
             return
         kept = self._kept
+        until = time.perf_counter() + DROP_SECONDS
         while kept and self._bytes + self._kept_bytes > self.max_bytes:
-            self._kept_bytes -= kept.pop(next(iter(kept))).size
+            self._kept_bytes -= kept.popitem(last=False)[1].size
+            if time.perf_counter() >= until:
+                return
 
     def _after(self, number: int) -> Iterator[Item]:
         return itertools.islice(self._items, number + 1 - self._first, None)

@@ -607,7 +607,9 @@ async def test_a_long_recovery_lets_live_delivery_go_on_and_ends_where_live_begi
 ) -> None:
     """A recovery over a window of big messages takes turns with the event loop: a listener
     pushed to every 20 ms meanwhile never waits 250 ms, and the recovering socket still gets its
-    replay, then what was delivered during it, each once, in order."""
+    replay, then what was delivered during it, each once, in order. Regression: what the
+    recovery decoded (1,600 messages of 2,000 objects) was let go all at once after it, a 200-ms
+    stall; now a few milliseconds at a time."""
     gateway = await serve(recovery={"max_bytes": 64 << 20})  # 1,600 of 32 KB: 52 MB
     honest, _ = await gateway.listener(token("HONEST", {"blogId": 1}))
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
