@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from .changes import Changes
-from .message import DISCONNECT, Message, MessageEvent, decode_event
+from .message import Message, MessageEvent, decode_event
+from .names import DISCONNECT
 
 Parse = Callable[[str], "tuple[str, tuple[int, ...]] | None"]
 

@@ -17,10 +17,10 @@ from bow_gateway.message import (
     _schema,
     decode_event,
     encode_event,
-    name_error,
     parse_json,
     validate_message,
 )
+from bow_gateway.names import name_error
 from bow_gateway.publication import Publication
 
 scalars = st.one_of(

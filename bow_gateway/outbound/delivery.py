@@ -14,15 +14,8 @@ from typing import Any, Final
 from .. import codes
 from ..criteria import ID_KEY, ListenerId
 from ..index import Query
-from ..message import (
-    DISCONNECT,
-    CriteriaEvent,
-    Event,
-    KickEvent,
-    MessageEvent,
-    SetCriteriaEvent,
-    session_of,
-)
+from ..message import CriteriaEvent, Event, KickEvent, MessageEvent, SetCriteriaEvent
+from ..names import DISCONNECT, session_of
 from ..seams.prometheus import StepCounter, StepHistogram
 from ..topics import is_system_name
 from . import codec

@@ -12,7 +12,7 @@
   lines ended by an empty line) and the body: published through the outbound's
   ``create_message_from_publish`` with Gobbler's fields (``#send id`` with the sequence, or
   ``!error-send id why`` with none: a refused message has no sequence). The message's name is
-  held to a client's rule (:func:`~bow_gateway.message.name_error`): no ``__`` or ``$`` name, no
+  held to a client's rule (:func:`~bow_gateway.names.name_error`): no ``__`` or ``$`` name, no
   comma, control, line break or empty level, which could forge what other clients read.
 
 Anything else is ``!error-bad-request``. A replay is filtered by the connection's criteria of now
@@ -321,7 +321,7 @@ def _path(text: str) -> str:
 
 def _sent_path(text: str) -> str:
     """A send's path: there, and bounded. What a message may be named is the one rule of every
-    way in (:func:`~bow_gateway.message.name_error`, a client's), checked on the name of the
+    way in (:func:`~bow_gateway.names.name_error`, a client's), checked on the name of the
     message the outbound's function makes of it: a refusal is ``!error-send``."""
     if not text:
         raise BadCommand("a path is missing")

@@ -14,7 +14,7 @@ import asyncio
 from typing import Any, Final
 
 from .. import codes
-from ..message import GATEWAY_PREFIX
+from ..names import GATEWAY_PREFIX
 from ..topics import is_system_name
 from . import codec
 from .connection import Connection, logger
