@@ -18,6 +18,7 @@ from bow_gateway.middlewares.claims import criteria_from_claim
 from bow_gateway.outbounds.jwt import JwtOutbound
 
 from bow_gateway import Bow
+from bow_gateway.outbound import gobbler
 
 from .gobbler_client import GobblerClient, GobblerMessage
 from .support import AUTH, PATH, SECRET, Gateway, base_config, metric, token
@@ -406,6 +407,35 @@ async def test_subscriptions_past_max_filters_are_refused(
     await client.send("+ /c")
     assert "at most 2 subscriptions" in (await client.status("!error-bad-request")).text
     await client.close()
+
+
+async def test_the_heartbeat_cuts_off_a_client_that_answers_no_ping_and_keeps_one_that_does(
+    gateway: Gateway, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiohttp's heartbeat (a ping after ``HEARTBEAT`` s without a byte, cut off ``HEARTBEAT / 2``
+    s later) still works though the gateway answers pings itself (``autoping=False``): the
+    client's pongs come to the gateway's read loop, counted, and do not end the connection."""
+    monkeypatch.setattr(gobbler, "HEARTBEAT", 0.2)
+    headers = {"Authorization": f"Bearer {token('U1', {'room': 1})}"}
+    url = gateway.url.replace("http", "ws", 1) + "/gobbler"
+    mute = GobblerClient(await http.ws_connect(url, headers=headers, autoping=False))
+    polite = GobblerClient(await http.ws_connect(url, headers=headers))
+    for client in (mute, polite):
+        await client.status("#ok-connected")
+    await polite.send(f"+ {ROOM}")
+    await polite.status("#subscribed-to")
+    reading = asyncio.create_task(polite.next())  # aiohttp answers pings while it reads
+    started = asyncio.get_running_loop().time()
+    async with asyncio.timeout(3.0):
+        while (await mute.websocket.receive()).type is aiohttp.WSMsgType.PING:
+            pass  # not answered
+    assert mute.websocket.closed
+    await asyncio.sleep(max(0.0, 1.5 - (asyncio.get_running_loop().time() - started)))
+    assert not reading.done()  # some 7 pings answered meanwhile
+    await say(gateway, 1)
+    message = await reading
+    assert isinstance(message, GobblerMessage) and message.body == "message 1"
+    await polite.close()
 
 
 # -- hostile sends (issue 27) ---------------------------------------------------------------------

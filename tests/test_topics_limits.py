@@ -1,7 +1,8 @@
 """Hostile clients of the plain-WebSocket protocols and of topic filters (issue 27), end to end
-on a real gateway with real clients: frame floods closed with 4011 while others keep receiving,
-the frames of a client that went dropped unhandled, filters bounded per listener id and per
-instance, and what the index costs (a match, a filter) bounded whatever filters are held."""
+on a real gateway with real clients: frame floods (pings too) closed with 4011 while others keep
+receiving, the frames of a client that went dropped unhandled, filters bounded per listener id
+and per instance, and what the index costs (a match, a filter) bounded whatever filters are
+held."""
 
 from __future__ import annotations
 
@@ -217,6 +218,78 @@ def masked(payload: bytes) -> bytes:
     size = len(payload)
     head = bytes([0x81, 0x80 | size]) if size < 126 else bytes([0x81, 0xFE]) + size.to_bytes(2)
     return head + b"\x00\x00\x00\x00" + payload
+
+
+# -- control frames: pings and pongs count ------------------------------------------------------
+
+PLAIN = ("flywheel", "gobbler")
+
+
+async def plain_client(
+    protocol: str, serve: Serve, http: aiohttp.ClientSession
+) -> tuple[Gateway, aiohttp.ClientWebSocketResponse]:
+    """A gateway of ``protocol`` and a client of it (aiohttp's, answering no ping by itself:
+    ``autoping=False`` hands it the pongs it is sent) bound or connected, subscribed to
+    ``quotes/#`` or ``/chat/room1``."""
+    if protocol == "flywheel":
+        gateway = await serve(flywheel_bow())
+        ws = await http.ws_connect(gateway.url.replace("http", "ws", 1) + "/broker", autoping=False)
+        response = await FlywheelClient(ws).bind(
+            auth=bearer("T1", {"desk": "fx"}), subscribe=["quotes/#"]
+        )
+        assert response["errors"] == []
+    else:
+        gateway = await serve(gobbler_bow())
+        ws = await http.ws_connect(
+            gateway.url.replace("http", "ws", 1) + "/gobbler",
+            headers={"Authorization": f"Bearer {token('U1', {'room': 1})}"},
+            autoping=False,
+        )
+        client = GobblerClient(ws)
+        await client.status("#ok-connected")
+        await client.send("+ /chat/room1")
+        await client.status("#subscribed-to")
+    return gateway, ws
+
+
+@pytest.mark.parametrize("protocol", PLAIN)
+async def test_a_ping_flood_is_closed_with_4011(
+    protocol: str, serve: Serve, http: aiohttp.ClientSession
+) -> None:
+    """Pings as fast as the client may send them: closed with 4011 as a flood of text frames
+    is. Guards against pings answered by aiohttp itself (autoping), never counted: a pong
+    written for each, without bound."""
+    _, ws = await plain_client(protocol, serve, http)
+    closed = asyncio.create_task(close_code(ws, timeout=5.0))  # read (pongs too) while it pings
+    try:
+        for n in range(1_000):
+            if closed.done():
+                break
+            await ws.ping(str(n).encode())
+    except (ConnectionError, aiohttp.ClientError):
+        pass  # closed meanwhile
+    assert await closed == TOO_MANY_REQUESTS
+
+
+@pytest.mark.parametrize("protocol", PLAIN)
+async def test_a_ping_now_and_then_is_answered_and_the_client_stays(
+    protocol: str, serve: Serve, http: aiohttp.ClientSession
+) -> None:
+    """A ping every 100 ms (half the rate) for 1.5 s: each answered with a pong of its data,
+    and the connection still delivers. Guards against pings and pongs counted but no longer
+    answered (autoping off) or taken for the end of the connection."""
+    gateway, ws = await plain_client(protocol, serve, http)
+    for n in range(15):
+        await ws.ping(f"ping {n}".encode())
+        pong = await ws.receive(timeout=2.0)
+        assert (pong.type, pong.data) == (aiohttp.WSMsgType.PONG, f"ping {n}".encode())
+        await asyncio.sleep(0.1)
+    name = "quotes/x" if protocol == "flywheel" else "/chat/room1"
+    audience = [{"desk": "fx"}] if protocol == "flywheel" else [{"room": 1}]
+    await gateway.push({"name": name, "payload": "still here", "audience": audience})
+    message = await ws.receive(timeout=5.0)
+    assert message.type is aiohttp.WSMsgType.TEXT and "still here" in message.data
+    await ws.close()
 
 
 # -- filters per listener id and per instance ----------------------------------------------------

@@ -1,13 +1,15 @@
 """What the endpoints of the protocols aiohttp serves directly (SSE, Flywheel, Gobbler) share:
 the version a client asks for, its token, the origins allowed (``outbound.cors_origins``), taking a
 connection into the outbound's core and out of it, what a plain WebSocket's client may send (the
-rule Socket.IO's clients follow), and closing a plain WebSocket with a code of section 10."""
+rule Socket.IO's clients follow, control frames included), and closing a plain WebSocket with a
+code of section 10."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
-from aiohttp import hdrs, web
+from aiohttp import WSMessage, WSMsgType, hdrs, web
 
 from .. import codes
 from ..codes import Code
@@ -143,15 +145,79 @@ def let_go(outbound: SocketOutbound, connection: Connection) -> bool:
     return True
 
 
-def incoming_frames() -> TokenBucket:
-    """What a plain-WebSocket client (Flywheel, Gobbler) may send: the rule and the numbers of
-    Socket.IO's (:data:`~..seams.transport.INCOMING_BURST` frames at once, then
-    :data:`~..seams.transport.INCOMING_RATE` a second), one bucket per connection."""
-    return TokenBucket(INCOMING_RATE, INCOMING_BURST)
+def plain_websocket(
+    max_incoming_bytes: int, close_wait: float, heartbeat: float | None = None
+) -> web.WebSocketResponse:
+    """A plain WebSocket's response (Flywheel, Gobbler), read with :class:`IncomingFrames`:
+    ``autoping=False``, so that a client's pings come to it and are counted (aiohttp's own
+    answer would cost a write a ping, unbounded). ``heartbeat`` still works without autoping:
+    aiohttp resets it on any bytes the client sends, its pong included."""
+    return web.WebSocketResponse(
+        autoping=False,
+        heartbeat=heartbeat,
+        compress=False,
+        max_msg_size=max_incoming_bytes,
+        timeout=close_wait,
+    )
+
+
+class IncomingFrames:
+    """What a plain-WebSocket client (Flywheel, Gobbler) sends, held to the rule and the numbers
+    of Socket.IO's (:data:`~..seams.transport.INCOMING_BURST` frames at once, then
+    :data:`~..seams.transport.INCOMING_RATE` a second; past it, 4011): data frames and control
+    frames alike. A ping costs the gateway a pong, a pong a look at the connection's pings: a
+    client flooding either is closed as one flooding text frames. Its websocket must be a
+    :func:`plain_websocket` (pings are answered here, not by aiohttp)."""
+
+    __slots__ = ("_bucket", "_connection", "_outbound", "_ponged", "_websocket")
+
+    def __init__(
+        self,
+        outbound: SocketOutbound,
+        websocket: web.WebSocketResponse,
+        connection: Connection,
+        ponged: Callable[[], None] | None = None,
+    ) -> None:
+        self._outbound = outbound
+        self._websocket = websocket
+        self._connection = connection
+        self._ponged = ponged  # what a pong within the rule tells (Flywheel's own pings)
+        self._bucket = TokenBucket(INCOMING_RATE, INCOMING_BURST)
+
+    async def next(self) -> WSMessage | None:
+        """The client's next text or binary frame within the rule, pings answered and pongs
+        told on the way; None once the connection ended (a close, a frame over the size, the
+        client gone: what it sent and was not handled yet is dropped). While the gateway closes
+        the connection, nothing it sends counts, nor is answered."""
+        connection = self._connection
+        while True:
+            received = await self._websocket.receive()
+            kind = received.type
+            if kind not in _FRAMES:
+                return None  # CLOSE, CLOSING, CLOSED, ERROR (a frame over max_incoming_bytes...)
+            if gone(connection):
+                return None
+            if connection.closing is not None:
+                continue
+            if not self._bucket.take():
+                flooded(self._outbound, connection)
+            elif kind is WSMsgType.PING:
+                try:
+                    await self._websocket.pong(received.data)
+                except ConnectionError:
+                    return None  # gone while its pong waited for the socket to drain
+            elif kind is WSMsgType.PONG:
+                if self._ponged is not None:
+                    self._ponged()
+            else:
+                return received
+
+
+_FRAMES: Final = frozenset({WSMsgType.TEXT, WSMsgType.BINARY, WSMsgType.PING, WSMsgType.PONG})
 
 
 def flooded(outbound: SocketOutbound, connection: Connection) -> None:
-    """Close a connection whose client sent frames past :func:`incoming_frames`: 4011."""
+    """Close a connection whose client sent frames past :class:`IncomingFrames`' rule: 4011."""
     text = f"over {INCOMING_RATE:g} frames a second ({INCOMING_BURST:g} at once)"
     outbound.close(connection, codes.TOO_MANY_REQUESTS, text)
 

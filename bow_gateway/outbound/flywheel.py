@@ -27,15 +27,14 @@ from ..seams import websocket_frame
 from .codec import FramedCodec, text_body
 from .connection import Connection, logger
 from .endpoints import (
+    IncomingFrames,
     Origins,
     close_reason,
     close_websocket,
-    flooded,
-    gone,
-    incoming_frames,
     let_go,
     not_an_upgrade,
     pick_version,
+    plain_websocket,
     take_in,
     too_busy,
 )
@@ -106,12 +105,7 @@ class FlywheelEndpoint:
         why = await self._limits.admit()
         if why is not None:
             return too_busy(why)
-        websocket = web.WebSocketResponse(
-            autoping=False,
-            compress=False,
-            max_msg_size=self._max_incoming_bytes,
-            timeout=CLOSE_WAIT,
-        )
+        websocket = plain_websocket(self._max_incoming_bytes, CLOSE_WAIT)
         if not websocket.can_prepare(request).ok:
             return not_an_upgrade("Flywheel")
         await websocket.prepare(request)
@@ -159,39 +153,31 @@ class FlywheelEndpoint:
 
     async def _read(self, websocket: web.WebSocketResponse, connection: Connection) -> None:
         """Every frame the client sends, in order, until the connection closes: at most
-        :func:`~.endpoints.incoming_frames` (4011 past it), each handled in a step of its own
-        (a client's frames already read never hold the event loop together), none once the
-        client has gone (frames read and not handled yet are dropped with it)."""
-        frames = incoming_frames()
-        while True:
-            received = await websocket.receive()
-            kind = received.type
-            if kind not in (WSMsgType.TEXT, WSMsgType.BINARY, WSMsgType.PING, WSMsgType.PONG):
-                return  # CLOSE, CLOSING, CLOSED, ERROR (a frame over max_incoming_bytes...)
-            if gone(connection):
-                return
-            if connection.closing is not None:
-                continue  # closing: nothing it sends counts any more
-            if not frames.take():
-                flooded(self._outbound, connection)
-                continue
-            if kind is WSMsgType.TEXT:
+        :class:`~.endpoints.IncomingFrames`' rule, pings and pongs included (4011 past it), each
+        handled in a step of its own (a client's frames already read never hold the event loop
+        together), none once the client has gone (frames read and not handled yet are dropped
+        with it). A pong answers the gateway's last ping."""
+        incoming = IncomingFrames(
+            self._outbound, websocket, connection, lambda: self._pong(connection)
+        )
+        while (received := await incoming.next()) is not None:
+            if received.type is WSMsgType.TEXT:
                 await self._frame(connection, received.data)
                 await asyncio.sleep(0)
-            elif kind is WSMsgType.PING:
-                await websocket.pong(received.data)
-            elif kind is WSMsgType.PONG:
-                pings = self._pings.get(connection)
-                if pings is not None:
-                    pings[0] = asyncio.get_running_loop().time() + PING_EVERY
-                    pings[1] = 0.0
-            elif kind is WSMsgType.BINARY:
+            else:
                 self._outbound.close(
                     connection,
                     codes.BAD_REQUEST,
                     "binary frames are not supported: Flywheel's text frames only",
                     kind="malformed",
                 )
+
+    def _pong(self, connection: Connection) -> None:
+        """The client answered: its next ping is due in :data:`PING_EVERY` seconds."""
+        pings = self._pings.get(connection)
+        if pings is not None:
+            pings[0] = asyncio.get_running_loop().time() + PING_EVERY
+            pings[1] = 0.0
 
     async def _frame(self, connection: Connection, text: str) -> None:
         kind, space, rest = text[:1], text[1:2], text[2:]

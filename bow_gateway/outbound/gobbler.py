@@ -27,16 +27,15 @@ from ..seams import websocket_frame
 from .codec import FramedCodec, text_body
 from .connection import Connection, logger
 from .endpoints import (
+    IncomingFrames,
     Origins,
     bearer_token,
     close_reason,
     close_websocket,
-    flooded,
-    gone,
-    incoming_frames,
     let_go,
     not_an_upgrade,
     pick_version,
+    plain_websocket,
     take_in,
     too_busy,
 )
@@ -47,6 +46,7 @@ if TYPE_CHECKING:
     from .sockets import SocketOutbound
 
 CLOSE_WAIT: Final = 1.0  # seconds a closed connection's client has to answer the close
+HEARTBEAT: Final = 25.0  # seconds without a byte from the client before aiohttp pings it
 
 
 class GobblerCodec(FramedCodec):
@@ -115,13 +115,7 @@ class GobblerEndpoint:
         why = await self._limits.admit()
         if why is not None:
             return too_busy(why)
-        websocket = web.WebSocketResponse(
-            autoping=True,
-            heartbeat=25.0,
-            compress=False,
-            max_msg_size=self._max_incoming_bytes,
-            timeout=CLOSE_WAIT,
-        )
+        websocket = plain_websocket(self._max_incoming_bytes, CLOSE_WAIT, heartbeat=HEARTBEAT)
         if not websocket.can_prepare(request).ok:
             return not_an_upgrade("Gobbler")
         await websocket.prepare(request)
@@ -173,21 +167,12 @@ class GobblerEndpoint:
 
     async def _read(self, websocket: web.WebSocketResponse, connection: Connection) -> None:
         """Every command the client sends, one at a time, until the connection closes: at most
-        :func:`~.endpoints.incoming_frames` (4011 past it), each in a step of its own, none
-        once the client has gone (commands read and not run yet are dropped with it)."""
-        frames = incoming_frames()
-        while True:
-            received = await websocket.receive()
-            kind = received.type
-            if kind is not WSMsgType.TEXT and kind is not WSMsgType.BINARY:
-                return  # CLOSE, CLOSING, CLOSED, ERROR (a frame over max_incoming_bytes...)
-            if gone(connection):
-                return
-            if connection.closing is not None:
-                continue  # refused or closing: nothing it sends counts any more
-            if not frames.take():
-                flooded(self._outbound, connection)
-            elif kind is WSMsgType.TEXT:
+        :class:`~.endpoints.IncomingFrames`' rule, pings and pongs included (4011 past it), each
+        in a step of its own, none once the client has gone (commands read and not run yet are
+        dropped with it)."""
+        incoming = IncomingFrames(self._outbound, websocket, connection)
+        while (received := await incoming.next()) is not None:
+            if received.type is WSMsgType.TEXT:
                 await self._commands.run(connection, received.data)
                 await asyncio.sleep(0)
             else:
