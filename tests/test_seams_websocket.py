@@ -163,6 +163,9 @@ async def test_a_ping_is_answered_with_its_payload(port: int) -> None:
         (frame(b"4" + bytes(20_000)), 1009),  # over max_incoming_bytes (16 KiB)
         (struct.pack("!BBQ", 0x81, 0xFF, 1 << 40), 1009),  # announced, never sent
         (frame(b"4" * 9000, final=False) + frame(b"4" * 9000, opcode=0x0), 1009),
+        (struct.pack("!BBQ", 0x81, 0xFF, 1 << 63), 1002),  # a 64-bit length's top bit set
+        (frame((2000).to_bytes(2, "big"), opcode=0x8), 1002),  # a reserved close code
+        (frame((1000).to_bytes(2, "big") + b"\xff", opcode=0x8), 1007),  # a reason not UTF-8
     ],
 )
 async def test_a_frame_that_breaks_the_protocol_fails_the_connection_with_its_code(

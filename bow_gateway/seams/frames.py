@@ -11,7 +11,6 @@ from typing import Final
 
 MAX_BUFFERED: Final = 1_048_576
 """Bytes read but not parsed yet while the reading is paused: past it, the client is cut off."""
-_UNACCEPTABLE_CODES: Final = frozenset({1004, 1005, 1006, 1015})
 
 
 def websocket_frame(data: bytes, binary: bool = False) -> bytes:
@@ -54,7 +53,7 @@ class FrameReader(asyncio.Protocol, abc.ABC):
         self.transport: asyncio.Transport | None = None
         self.closing = False  # a close frame was sent: nothing more is read or written
         self._buffer = b""
-        self._fragments: list[bytes] | None = None  # of a fragmented message under way
+        self._fragments: bytearray | None = None  # a fragmented message under way, so far
         self._binary = False  # the fragmented message's kind
         self._paused = False
 
@@ -128,28 +127,38 @@ class FrameReader(asyncio.Protocol, abc.ABC):
                     break
                 length = int.from_bytes(buffer[start : start + 8], "big")
                 start += 8
-            opcode = first & 0x0F
-            if first & 0x70 or not second & 0x80:  # a reserved bit, or an unmasked frame
-                self.fail(1002)
-                return
-            if opcode >= 8:
-                if not first & 0x80 or length > 125:
-                    self.fail(1002)
-                    return
-            elif length + sum(map(len, self._fragments or ())) > self.limit:
-                self.fail(1009)
+            refused = self._refused(first, second, length)
+            if refused:  # from the header alone: nothing of the payload is waited for
+                self.fail(refused)
                 return
             end = start + 4 + length
             if size < end:
                 break
             payload = unmask(buffer[start + 4 : end], buffer[start : start + 4])
             at = end
-            if not self._frame(first & 0x80, opcode, payload):
+            if not self._frame(first & 0x80, first & 0x0F, payload):
                 return
         self._buffer = buffer[at:] if at < size else b""
 
+    def _refused(self, first: int, second: int, length: int) -> int:
+        """The close code a frame's header breaks the protocol with (RFC 6455 section 5), else
+        0; the frames before it are handled, so a fragmented message's state is known."""
+        opcode = first & 0x0F
+        # a reserved bit (no extension), an unmasked frame, a 64-bit length's top bit (5.2)
+        if first & 0x70 or not second & 0x80 or length >> 63:
+            return 1002
+        if opcode >= 8:  # a close, a ping, a pong: final, at most 125 bytes; or reserved
+            return 1002 if opcode > 0xA or not first & 0x80 or length > 125 else 0
+        fragments = self._fragments
+        if opcode > 2 or (opcode == 0) is (fragments is None):
+            return 1002  # reserved; a continuation of nothing, or a message inside another
+        if length + (len(fragments) if fragments is not None else 0) > self.limit:
+            return 1009
+        return 0
+
     def _frame(self, final: int, opcode: int, payload: bytes) -> bool:
-        """One frame; False once the connection is failed or closed."""
+        """One frame :meth:`_refused` let through; False once the connection is failed or
+        closed."""
         if opcode == 0x8:
             return self._close_received(payload)
         if opcode == 0x9:  # a ping: answered, unless the client does not read what it is sent
@@ -159,33 +168,25 @@ class FrameReader(asyncio.Protocol, abc.ABC):
             return True
         if opcode == 0xA:
             return True
+        whole: bytes | bytearray = payload
         if opcode == 0x0:
             fragments = self._fragments
-            if fragments is None:
-                self.fail(1002)
-                return False
-            fragments.append(payload)
+            assert fragments is not None  # checked by _refused
+            fragments += payload
             if not final:
                 return True
             self._fragments = None
-            payload = b"".join(fragments)
-            binary = self._binary
-        elif opcode in (0x1, 0x2):
-            if self._fragments is not None:
-                self.fail(1002)
-                return False
+            whole, binary = fragments, self._binary
+        else:
             binary = opcode == 0x2
             if not final:
-                self._fragments, self._binary = [payload], binary
+                self._fragments, self._binary = bytearray(payload), binary
                 return True
-        else:
-            self.fail(1002)
-            return False
         if binary:
-            data: str | bytes = payload
+            data: str | bytes = bytes(whole)
         else:
             try:
-                data = payload.decode()
+                data = whole.decode()
             except UnicodeDecodeError:
                 self.fail(1007)
                 return False
@@ -203,12 +204,28 @@ class FrameReader(asyncio.Protocol, abc.ABC):
 
     def _close_received(self, payload: bytes) -> bool:
         """The client's close frame: answered (with its code) if the gateway had not sent one,
-        and the connection closes."""
-        code = int.from_bytes(payload[:2], "big") if len(payload) >= 2 else 1000
-        if len(payload) == 1 or code < 1000 or code >= 5000 or code in _UNACCEPTABLE_CODES:
+        and the connection closes; an invalid code is answered 1002, a reason not UTF-8 1007."""
+        code = 1000  # no code received: a normal closure
+        if len(payload) == 1:
             code = 1002
+        elif payload:
+            code = int.from_bytes(payload[:2], "big")
+            if not _valid_close_code(code):
+                code = 1002
+            else:
+                try:
+                    payload[2:].decode()
+                except UnicodeDecodeError:
+                    code = 1007
         self.send_close(code)
         self._buffer = b""
         if self.transport is not None:
             self.transport.close()
         return False
+
+
+def _valid_close_code(code: int) -> bool:
+    """Whether a close frame may carry ``code`` (RFC 6455 section 7.4 and IANA's registry): the
+    defined codes but 1004-1006 and 1015 (never sent in a frame), or 3000-4999 (libraries',
+    applications'); 1016-2999 are reserved for the protocol's revisions."""
+    return 1000 <= code <= 1003 or 1007 <= code <= 1014 or 3000 <= code <= 4999
