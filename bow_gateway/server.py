@@ -254,6 +254,8 @@ class Bow:
             ),
             claim=backplane.claim,
             release=backplane.release,
+            hold=backplane.hold,
+            let_go=backplane.let_go,
             max_incoming_bytes=config.max_incoming_bytes,
             body_timeout=config.http_timeout,
             transports=config.transports,
@@ -299,6 +301,7 @@ class Bow:
             supervise("listener count", lambda: self._log_listeners(interval))
         supervise("loop lag probe", self._probe_loop_lag)
         supervise("position teller", outbound.delivery.tell_positions)
+        supervise("session leases", outbound.sessions.renew)
         if config.gc_freeze:
             supervise("gc freezer", lambda: freeze_after_connects(lambda: outbound.connects))
         raise_young_threshold()

@@ -479,6 +479,92 @@ async def test_release_frees_a_claim(backend: Backend) -> None:
     assert await second.claim("user 1", "socket b", 1)
 
 
+# -- leases (a Flywheel sessionId held by one identity on every instance) -----------------------
+# A lease is held by one owner; each instance's hold of it lasts its ttl unless renewed, and the
+# lease is free once no instance holds it.
+
+TTL = 30.0  # seconds: longer than any test, but where a test waits for a hold to end
+
+
+async def test_a_lease_is_held_by_one_owner_and_refused_to_another(backend: Backend) -> None:
+    first = await backend.connected()
+    second = await backend.connected() if backend.shared else first
+    assert await first.hold("session:s1", "listener A", TTL)
+    assert not await second.hold("session:s1", "listener B", TTL)
+    assert await second.hold("session:s2", "listener B", TTL)  # another lease
+
+
+async def test_a_lease_is_renewed_by_its_owner(backend: Backend) -> None:
+    backplane = await backend.connected()
+    assert await backplane.hold("session:s1", "listener A", 0.3)
+    assert await backplane.hold("session:s1", "listener A", TTL)  # renewed: now for 30 s
+    await asyncio.sleep(0.5)
+    assert not await backplane.hold("session:s1", "listener B", TTL)
+
+
+async def test_a_lease_let_go_is_free_and_only_its_owner_lets_it_go(backend: Backend) -> None:
+    first = await backend.connected()
+    second = await backend.connected() if backend.shared else first
+    assert await first.hold("session:s1", "listener A", TTL)
+    await first.let_go("session:s1", "listener B")  # not its owner: nothing changes
+    await first.let_go("session:never held", "listener A")
+    assert not await second.hold("session:s1", "listener B", TTL)
+    await first.let_go("session:s1", "listener A")
+    assert await second.hold("session:s1", "listener B", TTL)
+
+
+async def test_a_hold_not_renewed_ends_after_its_ttl(backend: Backend) -> None:
+    """An instance that died holds nothing for long: its holds end with their ttl."""
+    first = await backend.connected()
+    second = await backend.connected() if backend.shared else first
+    assert await first.hold("session:s1", "listener A", 0.3)
+    assert not await second.hold("session:s1", "listener B", TTL)
+    await asyncio.sleep(0.5)
+    assert await second.hold("session:s1", "listener B", TTL)
+
+
+async def test_a_lease_is_refused_before_connect_and_after_disconnect(backend: Backend) -> None:
+    backplane = backend.new()
+    with pytest.raises(BackplaneUnavailable):
+        await backplane.hold("session:s1", "listener A", TTL)
+    await backplane.connect()
+    assert await backplane.hold("session:s1", "listener A", TTL)
+    await backplane.disconnect()
+    with pytest.raises(BackplaneUnavailable):
+        await backplane.hold("session:s1", "listener A", TTL)
+
+
+async def test_a_lease_one_instance_holds_is_its_owner_s_on_every_instance(
+    shared_backend: Backend,
+) -> None:
+    first, second = await shared_backend.connected(), await shared_backend.connected()
+    assert await first.hold("session:s1", "listener A", TTL)
+    assert not await second.hold("session:s1", "listener B", TTL)
+    assert await second.hold("session:s1", "listener A", TTL)  # the owner, on another instance
+
+
+async def test_a_lease_stays_held_while_any_instance_holds_it(shared_backend: Backend) -> None:
+    first, second, third = [await shared_backend.connected() for _ in range(3)]
+    assert await first.hold("session:s1", "listener A", TTL)
+    assert await second.hold("session:s1", "listener A", TTL)
+    await first.let_go("session:s1", "listener A")
+    assert not await third.hold("session:s1", "listener B", TTL)  # the second still holds it
+    await second.let_go("session:s1", "listener A")
+    assert await third.hold("session:s1", "listener B", TTL)
+
+
+async def test_the_hold_of_an_instance_that_stopped_renewing_ends_alone(
+    shared_backend: Backend,
+) -> None:
+    first, second, third = [await shared_backend.connected() for _ in range(3)]
+    assert await first.hold("session:s1", "listener A", 0.3)  # then never renewed: dead
+    assert await second.hold("session:s1", "listener A", TTL)
+    await asyncio.sleep(0.5)
+    assert not await third.hold("session:s1", "listener B", TTL)  # the second's lasts
+    await second.let_go("session:s1", "listener A")
+    assert await third.hold("session:s1", "listener B", TTL)
+
+
 # -- topic histories (clients.md section 14) -------------------------------------------------
 # Events kept under a sequence distinct and increasing within their topic, carried by the event
 # as "q", read back in order, bounded by count and age; on Redis, across instances and across a

@@ -205,7 +205,9 @@ async def test_the_printed_tour_works(server: Server) -> None:
             "bash", "-c", "exec " + server.command("curl -N "), env=clean_env(TOKEN=token)
         )
         try:
-            await logged_after(server.log, logged, "SSE stream", "opened for listener 'USER/1'")
+            await logged_after(
+                server.log, logged, "sse connection", "authenticated as listener 'USER/1'"
+            )
             curled = await run_shell(server.command("curl -i "))
             assert curled.code == 0, curled.err
             assert "204 No Content" in curled.out

@@ -152,7 +152,7 @@ async def test_a_remote_message_pushed_to_one_instance_reaches_only_its_session_
     a, b = pair
     mine = await a.flywheel("T1", FX, subscribe=["quotes/end"], session="s-1")
     theirs_a = await a.flywheel("T2", FX, subscribe=["#"], session="s-2")
-    theirs_b = await b.flywheel("T3", FX, subscribe=["#"], session="s-2")
+    theirs_b = await b.flywheel("T2", FX, subscribe=["#"], session="s-2")  # its own, on B too
     anonymous_session = await b.flywheel("T4", FX, subscribe=["#"])
     stream = await b.sse("SSE", FX)
     socketio = await b.socketio("SIO", FX)

@@ -166,3 +166,16 @@ class Backplane(abc.ABC):
     @abc.abstractmethod
     async def release(self, key: str, member: str) -> None:
         """Remove ``member`` from ``key`` (no-op if absent)."""
+
+    # -- leases across instances (a Flywheel sessionId held by one identity) ---------------
+
+    @abc.abstractmethod
+    async def hold(self, key: str, owner: str, ttl: float) -> bool:
+        """Take or renew this instance's hold of the lease ``key`` for ``owner``, for ``ttl``
+        seconds: True when the lease was free or is ``owner``'s (held by any instance), False
+        when another owner holds it. A lease is held while any instance's hold lasts."""
+
+    @abc.abstractmethod
+    async def let_go(self, key: str, owner: str) -> None:
+        """End this instance's hold of ``key`` if ``owner`` holds it (no-op otherwise); the
+        lease is free once no instance holds it."""

@@ -44,6 +44,7 @@ class MemoryBackplane(Backplane):
         self._count = 0
         self._asks: dict[str, tuple[list[bytes], asyncio.Event]] = {}
         self._claims: dict[str, set[str]] = {}
+        self._leases: dict[str, tuple[str, float]] = {}  # key: owner, when the hold ends
         # Topic histories: each topic's last sequence, and what it keeps (sequence order)
         self._sequences: dict[str, int] = {}
         self._topics: dict[str, deque[Stored]] = {}
@@ -195,3 +196,18 @@ class MemoryBackplane(Backplane):
             members.discard(member)
             if not members:
                 del self._claims[key]
+
+    async def hold(self, key: str, owner: str, ttl: float) -> bool:
+        if self._queue is None:
+            raise BackplaneUnavailable("the gateway is not running")
+        now = time.monotonic()
+        held = self._leases.get(key)
+        if held is not None and held[0] != owner and held[1] > now:
+            return False
+        self._leases[key] = (owner, now + ttl)
+        return True
+
+    async def let_go(self, key: str, owner: str) -> None:
+        held = self._leases.get(key)
+        if held is not None and held[0] == owner:
+            del self._leases[key]

@@ -345,6 +345,12 @@ class RedisBackplane(Backplane):
     async def release(self, key: str, member: str) -> None:
         await self._joined().release(key, member)
 
+    async def hold(self, key: str, owner: str, ttl: float) -> bool:
+        return await self._joined().hold(key, owner, ttl)
+
+    async def let_go(self, key: str, owner: str) -> None:
+        await self._joined().let_go(key, owner)
+
     def _joined(self) -> Instances:
         if self._instances is None:
             raise BackplaneUnavailable("the gateway is not connected to Redis")

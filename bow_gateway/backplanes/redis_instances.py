@@ -1,5 +1,6 @@
 """What the instances of one gateway share on Redis besides the stream: who is alive (a heartbeat
-in a sorted set), their answers to a request (a list), and the sockets each id holds (claims)."""
+in a sorted set), their answers to a request (a list), the sockets each id holds (claims), and
+leases (a hash per lease: its owner and each instance's hold, which ends unless renewed)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
 
 
 class Instances:
-    """The instance ``instance_id`` among those of ``namespace``: heartbeats, answers, claims.
+    """The instance ``instance_id`` among those of ``namespace``: heartbeats, answers, claims,
+    leases.
 
     ``interval``: seconds between heartbeats; ``live_for``: seconds an instance counts as live
     after its last one.
@@ -145,3 +147,18 @@ class Instances:
                 await self._client.zrem(f"{self._prefix}:sockets:{key}", f"{self.id}:{member}")
         except FAILURES as exc:
             raise BackplaneUnavailable(f"Redis did not take the release: {exc}") from exc
+
+    async def hold(self, key: str, owner: str, ttl: float) -> bool:
+        """This instance's hold of the lease ``key`` for ``owner``, taken or renewed for ``ttl``
+        seconds; False when another owner holds it."""
+        return bool(await self._lease("hold", key, [owner, self.id, max(1, round(ttl * 1000))]))
+
+    async def let_go(self, key: str, owner: str) -> None:
+        await self._lease("let_go", key, [owner, self.id])
+
+    async def _lease(self, script: str, key: str, args: list[Any]) -> Any:
+        try:
+            async with self._claiming:
+                return await self._scripts.run(script, [f"{self._prefix}:lease:{key}"], args)
+        except FAILURES as exc:
+            raise BackplaneUnavailable(f"Redis did not take the lease: {exc}") from exc

@@ -182,6 +182,47 @@ redis.call('EXPIRE', KEYS[1], 86400)  -- the claims of ids that never come back 
 return 1
 """
 
+_LEASE: Final = """
+-- A lease is a hash: 'owner', and per instance holding it when its hold ends (ms, Redis time).
+-- Holds that ended are dropped; ARGV[2] is this instance, whose hold is told from the others'.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local owner, mine, others, last = false, false, 0, now
+local fields = redis.call('HGETALL', KEYS[1])
+for i = 1, #fields, 2 do
+  local name, value = fields[i], fields[i + 1]
+  if name == 'owner' then owner = value
+  elseif tonumber(value) <= now then redis.call('HDEL', KEYS[1], name)
+  elseif name == ARGV[2] then mine = true
+  else others, last = others + 1, math.max(last, tonumber(value)) end
+end
+"""
+
+HOLD: Final = (
+    _LEASE
+    + """
+-- KEYS: a lease; ARGV: owner, this instance, ms. Free (no hold lasts) or ARGV[1]'s: this
+-- instance holds it for ARGV[1] until ARGV[3] ms from now (1); another owner's: 0.
+if owner ~= ARGV[1] and (mine or others > 0) then return 0 end
+if owner ~= ARGV[1] then redis.call('DEL', KEYS[1]) end
+local ends = now + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], ARGV[2], string.format('%d', ends))
+redis.call('PEXPIREAT', KEYS[1], string.format('%d', math.max(last, ends)))
+return 1
+"""
+)
+
+LET_GO: Final = (
+    _LEASE
+    + """
+-- KEYS: a lease; ARGV: owner, this instance. ARGV[1]'s: this instance's hold ends, and the
+-- lease with it when no other instance's lasts (1); another owner's: 0.
+if owner ~= ARGV[1] then return 0 end
+if others == 0 then redis.call('DEL', KEYS[1]) else redis.call('HDEL', KEYS[1], ARGV[2]) end
+return 1
+"""
+)
+
 
 class Scripts:
     """The scripts' SHA1s, for ``EVALSHA`` in a pipeline; loaded again where Redis lacks them."""
@@ -196,6 +237,8 @@ class Scripts:
                 "heartbeat": HEARTBEAT,
                 "live": LIVE,
                 "claim": CLAIM,
+                "hold": HOLD,
+                "let_go": LET_GO,
             }.items()
         }
 

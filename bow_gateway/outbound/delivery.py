@@ -90,7 +90,8 @@ class Delivery:
         message = event.message
         topics = self._outbound.topics[event.middleware_version]
         if is_system_name(message.name):  # $remote/{sessionId}/rx/...: that session alone
-            connections = connections & self._outbound.sessions.get(session_of(message.name), set())
+            bound = self._outbound.sessions.bound.get(session_of(message.name), set())
+            connections = connections & bound
         elif topics.holders and message.name != DISCONNECT:  # once a socket holds a filter
             connections = topics.narrow(connections, message.name)
         if message.name == DISCONNECT:

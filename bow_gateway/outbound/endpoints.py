@@ -133,7 +133,7 @@ def let_go(outbound: SocketOutbound, connection: Connection) -> bool:
     outbound.metrics.sockets_connected.labels(
         connection.outbound.version, connection.codec.protocol
     ).dec()
-    outbound.authenticator.forget(connection)
+    outbound.admission.forget(connection)
     outbound.topics[connection.outbound.middleware_version].discard(connection)
     why = connection.closing or "client gone"
     connection.closing = why

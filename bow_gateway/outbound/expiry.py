@@ -17,11 +17,23 @@ MAX_EXP: Final = 253_402_300_800  # 10000-01-01: a later exp is not a time
 
 
 class Refusal(Exception):
-    """Authentication failed with ``code``; the text is what the client reads in its alert."""
+    """A connection is not admitted, with ``code``; the text is what the client reads in its
+    alert. ``kind``: the disconnect's metric label (``refused``: its credentials or its request;
+    None: the code's reason, for the rules of admission); ``reconnect``: the code's own when
+    None."""
 
-    def __init__(self, text: str, code: codes.Code = codes.AUTH_REFUSED) -> None:
+    def __init__(
+        self,
+        text: str,
+        code: codes.Code = codes.AUTH_REFUSED,
+        *,
+        kind: str | None = "refused",
+        reconnect: str | None = None,
+    ) -> None:
         super().__init__(text)
         self.code = code
+        self.kind = kind
+        self.reconnect = reconnect
 
 
 class Expiry:

@@ -5,9 +5,9 @@ A bind's ``auth`` authenticates or re-authenticates under section 8's rules (ref
 id upgrade, 4004 on another id; a refusal answers the bind with a ``General`` error, then closes
 with its code). Without ``auth``, a connection is anonymous when its outbound has
 ``anonymous_criteria``; otherwise every filter it asks for is refused (``TopicAccess``) until it
-authenticates. A ``sessionId`` is then bound, unless another identity holds it (a ``General``
-error): ``$remote/{sessionId}/rx/...`` reaches its own listener only. Filters are MQTT's; ``$``
-names are the gateway's and refused (``TopicAccess``).
+authenticates. A ``sessionId`` is then bound, unless another identity holds it on any instance,
+or the backplane cannot say (a ``General`` error): ``$remote/{sessionId}/rx/...`` reaches its own
+listener only. Filters are MQTT's; ``$`` names are the gateway's and refused (``TopicAccess``).
 Binds run one at a time, in arrival order (the endpoint reads the next frame once one is done).
 """
 
@@ -17,11 +17,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from .. import codes
+from ..backplanes.base import BackplaneUnavailable
 from ..message import dumps, parse_json
 from ..publication import forbidden_character
 from ..seams import websocket_frame
 from ..topics import SYSTEM_PREFIX, parse_filter
-from .connection import Connection
+from .connection import Connection, logger
 from .expiry import Refusal
 from .subscriptions import owner, refusal
 
@@ -75,14 +76,16 @@ class Binder:
         if "metadata" in request and not isinstance(request["metadata"], Mapping):
             errors.append(general("metadata must be an object"))
         if "auth" in request:
-            if not await self._authenticate(connection, request["auth"], errors):
-                self._respond(connection, errors, message_id)
-                return  # refused: the connection is being closed
+            admitted = await self._authenticate(connection, request["auth"], errors)
         elif not connection.authenticated and connection.outbound.anonymous_criteria is not None:
-            anonymous = dict(connection.outbound.anonymous_criteria)
-            self._outbound.authenticator.hold(connection, None, None, anonymous)
+            admitted = await self._admit(connection, None, errors)
+        else:
+            admitted = True
+        if not admitted:
+            self._respond(connection, errors, message_id)
+            return  # refused: the connection is being closed
         # After auth: a session id belongs to the identity that holds it, known only now.
-        self._session(connection, request.get("sessionId"), errors)
+        await self._session(connection, request.get("sessionId"), errors)
         self._subscriptions(connection, request, errors)
         self._respond(connection, errors, message_id)
 
@@ -96,62 +99,55 @@ class Binder:
 
     # -- session ----------------------------------------------------------------------------
 
-    def _session(self, connection: Connection, session: Any, errors: list[Error]) -> None:
-        """Bind ``session`` (the bind's ``sessionId``), or check the one held (``None``): a
-        session id is held by one identity at a time, the listener id that bound it (or
-        anonymous connections), so that another cannot read its ``$remote/{sessionId}/rx/...``;
-        a bind with one held by another identity is refused (``General``), the session held
-        so far kept; a connection whose identity changed (anonymous to an id) while another
-        identity holds its session lets it go."""
-        if session is None:
-            held = connection.session
-            if held is not None and self._held_by_another(connection, held):
-                self.leave_session(connection)
-                errors.append(general(f"sessionId {held!r} is held by another listener: let go"))
-            return
-        if (
-            not isinstance(session, str)
-            or not session
-            or len(session) > MAX_SESSION_ID
-            or any(char in session for char in "/+# ")
-            or forbidden_character(session)  # a level of $remote names: held to their rule
-        ):
-            errors.append(
-                general(
-                    f"sessionId must be a string of 1 to {MAX_SESSION_ID} characters "
-                    "without '/', '+', '#', a space, a comma, a control or bidirectional "
-                    "character"
+    async def _session(self, connection: Connection, session: Any, errors: list[Error]) -> None:
+        """Bind ``session`` (the bind's ``sessionId``, when new), then check the one held: a
+        session id is held by one identity at a time on every instance (:mod:`.sessions`), the
+        listener id that bound it (or anonymous connections), so that another cannot read its
+        ``$remote/{sessionId}/rx/...``. A bind with one another identity holds is refused
+        (``General``), the session held so far kept; a connection whose identity changed
+        (anonymous to an id) while another holds its session lets it go. When the backplane
+        cannot say who holds it, the session is refused (``General``) all the same."""
+        if session is not None and session != connection.session:
+            if (
+                not isinstance(session, str)
+                or not session
+                or len(session) > MAX_SESSION_ID
+                or any(char in session for char in "/+# ")
+                or forbidden_character(session)  # a level of $remote names: held to their rule
+            ):
+                errors.append(
+                    general(
+                        f"sessionId must be a string of 1 to {MAX_SESSION_ID} characters "
+                        "without '/', '+', '#', a space, a comma, a control or bidirectional "
+                        "character"
+                    )
                 )
-            )
-            return
-        if self._held_by_another(connection, session):
-            errors.append(general("sessionId is held by another listener: choose another"))
-            if session == connection.session:
-                self.leave_session(connection)
-            return
-        if session == connection.session:
-            return
-        self.leave_session(connection)
-        connection.session = session
-        self._outbound.sessions.setdefault(session, set()).add(connection)
+            else:
+                held = "sessionId is held by another listener: choose another"
+                await self._join(connection, session, errors, held)
+        current = connection.session
+        if current is not None and not self._outbound.sessions.owns(connection):
+            if session == current:
+                held = "sessionId is held by another listener: choose another"
+            else:
+                held = f"sessionId {current!r} is held by another listener: let go"
+            await self._join(connection, current, errors, held)
 
-    def _held_by_another(self, connection: Connection, session: str) -> bool:
-        """Whether a connection of another identity (listener id, or anonymous) holds
-        ``session`` on this instance."""
-        identity = connection.listener_id
-        held = self._outbound.sessions.get(session, ())
-        return any(other.listener_id != identity for other in held if other is not connection)
+    async def _join(
+        self, connection: Connection, session: str, errors: list[Error], held: str
+    ) -> None:
+        """Bind ``session``, or say why not: ``held`` when another identity holds it."""
+        try:
+            if await self._outbound.sessions.join(connection, session):
+                return
+        except BackplaneUnavailable as error:
+            logger.info("Flywheel connection %s: sessionId not bound: %s", connection.sid, error)
+            held = "sessionId cannot be bound now (the backplane is unavailable): try again"
+        errors.append(general(held))
 
     def leave_session(self, connection: Connection) -> None:
-        """Stop routing ``$remote/{sessionId}/rx/...`` to ``connection``."""
-        if connection.session is None:
-            return
-        held = self._outbound.sessions.get(connection.session)
-        if held is not None:
-            held.discard(connection)
-            if not held:
-                del self._outbound.sessions[connection.session]
-        connection.session = None
+        """Stop routing ``$remote/{sessionId}/rx/...`` to ``connection`` (it is gone)."""
+        self._outbound.sessions.leave(connection)
 
     # -- authentication ---------------------------------------------------------------------
 
@@ -165,12 +161,23 @@ class Binder:
         if not connection.authenticates.take():
             limit = outbound.settings.max_authenticates_per_minute
             outbound.close(connection, codes.TOO_MANY_REQUESTS, f"over {limit} auth a minute")
+            errors.append(general(connection.farewell[1] if connection.farewell else "closed"))
+            return False
+        return await self._admit(connection, credentials, errors)
+
+    async def _admit(self, connection: Connection, credentials: Any, errors: list[Error]) -> bool:
+        """Admit the connection with ``credentials`` (None: anonymous); False when it is being
+        closed instead (its ``farewell``, the bind's error, says why)."""
+        admission = self._outbound.admission
+        try:
+            admitted = await admission.admit(connection, credentials, keep_details=True)
+        except Refusal as refusal:
+            admission.refuse(connection, refusal)
         else:
-            try:
-                if await outbound.authenticator.admit(connection, credentials):
+            if admitted is not None:
+                await admission.share(connection, admitted)
+                if connection.closing is None:
                     return True
-            except Refusal as refusal:
-                outbound.close(connection, refusal.code, str(refusal), kind="refused")
         errors.append(general(connection.farewell[1] if connection.farewell else "closed"))
         return False
 

@@ -153,11 +153,16 @@ class GobblerEndpoint:
             text = "no token: send Authorization: Bearer or the token query parameter"
             outbound.close(connection, codes.AUTH_REFUSED, text, kind="refused")
             return
+        admission = outbound.admission
         try:
-            if not await outbound.authenticator.admit(connection, token):
-                return
+            admitted = await admission.admit(connection, token, keep_details=True)
         except Refusal as refusal:
-            outbound.close(connection, refusal.code, str(refusal), kind="refused")
+            admission.refuse(connection, refusal)
+            return
+        if admitted is None:
+            return
+        await admission.share(connection, admitted)
+        if connection.closing is not None:
             return
         user = "" if connection.listener_id is None else str(connection.listener_id)
         hello = {"ApplicationId": connection.session, "UserId": user, "Time": str(int(time.time()))}

@@ -7,14 +7,14 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
 from ..codes import Code
-from ..criteria import Criteria
 from ..history import History
-from ..index import CriteriaIndex, IndexKey
+from ..index import CriteriaIndex
 from ..message import Event
 from ..metrics import Metrics
 from ..plugins import CreateCriteriaFromListenerDetails
 from ..topics import TopicIndex
 from .connection import Connection, Settings
+from .sessions import Sessions
 from .writer import Writer
 
 
@@ -22,7 +22,7 @@ class Sockets(Protocol):
     """What the parts need of the outbound (:class:`~.sockets.SocketOutbound`)."""
 
     connections: dict[str, Connection]
-    sessions: dict[str, set[Connection]]
+    sessions: Sessions
     deadlines: dict[str, asyncio.TimerHandle]
     indices: Mapping[str, CriteriaIndex[Connection]]
     topics: dict[str, TopicIndex[Connection]]
@@ -35,10 +35,6 @@ class Sockets(Protocol):
     positioned: set[Connection]
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
-
-    def index(self, connection: Connection, key: IndexKey, criteria: Criteria) -> None: ...
-
-    def unindex(self, connection: Connection) -> None: ...
 
     async def disconnect_soon(self, connection: Connection) -> None: ...
 

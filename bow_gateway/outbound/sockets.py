@@ -9,7 +9,6 @@ to every matching websocket without a task, a queue or an encoding per recipient
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final
 from urllib.parse import parse_qs
@@ -18,9 +17,9 @@ import socketio
 
 from .. import codes
 from ..codes import Code
-from ..criteria import Criteria, ListenerId
+from ..criteria import ListenerId
 from ..history import History
-from ..index import CriteriaIndex, IndexKey
+from ..index import CriteriaIndex
 from ..message import (
     Event,
 )
@@ -28,11 +27,13 @@ from ..metrics import Metrics
 from ..plugins import CreateCriteriaFromListenerDetails, OutboundPlugin
 from ..seams import LeanSocket, socketio_server
 from ..topics import TopicIndex
+from .admission import Admission
 from .authentication import Authenticator
 from .connection import Connection, Settings, logger
 from .delivery import Delivery
 from .publishing import ClientPublish
 from .replays import Replays
+from .sessions import Hold, LetGo, Sessions
 from .subscriptions import subscribe
 from .topic_replay import TopicHistory
 from .writer import Writer
@@ -62,6 +63,8 @@ class SocketOutbound:
         settings: Settings = DEFAULT_SETTINGS,
         claim: Callable[[str, str, int], Awaitable[bool]] | None = None,
         release: Callable[[str, str], Awaitable[None]] | None = None,
+        hold: Hold | None = None,
+        let_go: LetGo | None = None,
         max_incoming_bytes: int = 16_384,
         body_timeout: float = 10.0,
         transports: list[str] | None = None,
@@ -83,8 +86,6 @@ class SocketOutbound:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.connections: dict[str, Connection] = {}
-        # Flywheel connections by sessionId: what $remote/{sessionId}/rx/... reaches
-        self.sessions: dict[str, set[Connection]] = {}
         self.client_publish = client_publish
         self.topic_history = topic_history
         self.positioned: set[Connection] = set()  # authenticated protocol-2 connections
@@ -109,7 +110,10 @@ class SocketOutbound:
             max_buffered_bytes_per_id=settings.max_buffered_bytes_per_id,
             crowded=self._too_slow_together,
         )
-        self.authenticator = Authenticator(self, claim=claim, release=release)
+        # Flywheel connections by sessionId (what $remote/{sessionId}/rx/... reaches), leased
+        self.sessions = Sessions(self.spawn, self.writer.write, hold, let_go)
+        self.admission = Admission(self, claim=claim, release=release)
+        self.authenticator = Authenticator(self, self.admission)
         self.delivery = Delivery(self)
         self.replays = Replays(self, topic_history)
 
@@ -190,7 +194,7 @@ class SocketOutbound:
             return
         version = connection.outbound.version
         self.metrics.sockets_connected.labels(version, connection.codec.protocol).dec()
-        self.authenticator.forget(connection)
+        self.admission.forget(connection)
         self.topics[connection.outbound.middleware_version].discard(connection)
         why = connection.closing or str(reason or "transport close")
         connection.closing = why  # a delivery under way skips it from now on
@@ -200,28 +204,6 @@ class SocketOutbound:
         if socket is not None and not (socket.closing or socket.closed):
             # The client left the namespace but kept the connection, which serves nothing now.
             self.spawn(self.close_transport(connection.eio_sid))
-
-    def unindex(self, connection: Connection) -> None:
-        """Take an authenticated connection out of its index (it stays connected)."""
-        if connection.key is None:
-            return
-        self.metrics.sockets_authenticated.labels(
-            connection.outbound.version, connection.codec.protocol
-        ).dec()
-        self.indices[connection.outbound.middleware_version].remove(connection, connection.key)
-        self.positioned.discard(connection)
-        connection.key = None
-
-    def index(self, connection: Connection, key: IndexKey, criteria: Criteria) -> None:
-        """Hold an authenticated connection in its index under ``key``."""
-        self.indices[connection.outbound.middleware_version].add(connection, key, criteria)
-        connection.key = key
-        self.metrics.sockets_authenticated.labels(
-            connection.outbound.version, connection.codec.protocol
-        ).inc()
-        if connection.codec.positioned:
-            self.positioned.add(connection)
-            connection.positioned_at = time.monotonic()
 
     def opened(self, eio_sid: str) -> None:
         """An Engine.IO connection opened: it has ``auth_timeout`` to be authenticated."""
@@ -329,7 +311,7 @@ class SocketOutbound:
         self, middleware_version: str, listener_ids: list[ListenerId] | None = None
     ) -> int:
         """Recompute held listeners' criteria after a middleware announced a change."""
-        return await self.authenticator.refresh(middleware_version, listener_ids)
+        return await self.admission.refresh(middleware_version, listener_ids)
 
     def _too_slow(self, connection: Connection) -> None:
         limit = self.settings.max_buffered_bytes
@@ -356,7 +338,7 @@ class SocketOutbound:
                 self.writer.write_alert(
                     connection, connection.codec.alert(codes.SHUTDOWN, "this instance is stopping")
                 )
-            self.authenticator.forget(connection)
+            self.admission.forget(connection)
         for deadline in self.deadlines.values():
             deadline.cancel()
         self.deadlines.clear()

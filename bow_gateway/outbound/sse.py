@@ -21,6 +21,7 @@ from aiohttp.http import HttpVersion11
 
 from .. import codes
 from ..codes import Code
+from ..criteria import ListenerId
 from ..http_server import HandshakeLimits
 from ..message import MessageEvent, dumps
 from ..topics import parse_filter
@@ -167,31 +168,64 @@ class SseEndpoint:
         cors: dict[str, str],
     ) -> web.StreamResponse:
         outbound = self._outbound
-        authenticator = outbound.authenticator
-        version = connection.outbound.version
-        basis = outbound.history.last
-        refreshes = authenticator.refreshes(connection.outbound.middleware_version)
+        admission = outbound.admission
+        response: web.StreamResponse | None = None
+
+        async def start(listener_id: ListenerId | None) -> None:
+            """Its filters checked, the stream started, the filters held: before the index."""
+            nonlocal response
+            who = ANONYMOUS if listener_id is None else listener_id
+            too_many = filters_refusal(outbound, connection, set(filters), who=who)
+            if too_many is not None:
+                raise Refusal(f"topic: {too_many}", codes.BAD_REQUEST, kind=None)
+            if connection.closing is not None:
+                raise Refusal("this instance is stopping", codes.SHUTDOWN, kind=None)
+            response = await self._start(request, connection, cors)
+            if connection.transport is None:
+                return  # the client went: held for a moment, let go when _serve returns
+            topics = outbound.topics[connection.outbound.middleware_version]
+            for text in filters:
+                topics.add(connection, text, owner=who)
+
         try:
-            details, criteria = await authenticator.criteria_for(connection, token)
+            admitted = await admission.admit(connection, token, prepare=start)
         except Refusal as refusal:
-            outbound.metrics.authentications.labels(version, "refused").inc()
-            status = 401 if refusal.code in (codes.AUTH_REFUSED, codes.TOKEN_EXPIRED) else 400
-            return _refusal(refusal.code, status, str(refusal), cors)
-        listener_id = None if details is None else details["id"]
-        if listener_id is not None and not await authenticator.take_place(connection, listener_id):
-            limit = outbound.settings.max_sockets_per_id
-            text = f"listener already has {limit} sockets"
-            return _refusal(codes.TOO_MANY_SOCKETS, 503, text, cors, {hdrs.RETRY_AFTER: "1"})
-        if listener_id is None and not authenticator.take_anonymous(connection):
-            limit = outbound.settings.max_anonymous
-            text = f"this instance already holds {limit} anonymous connections"
-            return _refusal(codes.TOO_MANY_SOCKETS, 503, text, cors, {hdrs.RETRY_AFTER: "1"})
-        who = ANONYMOUS if listener_id is None else listener_id
-        too_many = filters_refusal(outbound, connection, set(filters), who=who)
-        if too_many is not None:
-            return _refusal(codes.BAD_REQUEST, 400, f"topic: {too_many}", cors)
-        if connection.closing is not None:  # the instance stops
-            return _refusal(codes.SHUTDOWN, 503, "this instance is stopping", cors)
+            if response is None:
+                return _refused(refusal, cors)
+            admission.refuse(connection, refusal)  # a kick while the functions ran
+            await ended
+            return response
+        if admitted is None or response is None or connection.transport is None:
+            return response or _refusal(codes.SHUTDOWN, 503, "this instance is stopping", cors)
+        options = {} if since is None else {"since": since}
+        listener_id, criteria = admitted.listener_id, admitted.criteria
+        result = await ack_result(outbound, connection, listener_id, criteria, options) or {}
+        replay: list[bytes] = result.pop("_replay", None) or []
+        pending = connection.backlog or deque()
+        if result.get("recovered") is False:
+            gap = {"position": result["position"], "reason": result["reason"]}
+            replay.insert(0, connection.codec.gateway_event(GAP_EVENT, gap))
+        outbound.writer.begin_replay(connection, replay)
+        if pending:
+            assert connection.backlog is not None
+            connection.backlog.extend(pending)
+            connection.backlog_bytes = sum(len(packet) for packet in pending)
+        self._streams.add(connection)
+        if not self._sweeping:
+            self._sweeping = True
+            outbound.spawn(self._sweep())  # cancelled by close_all, with the sockets' jobs
+        await admission.share(connection, admitted)
+        await outbound.writer.replay(connection)
+        if connection.transport.is_closing():
+            return response
+        await ended
+        return response
+
+    async def _start(
+        self, request: web.Request, connection: Connection, cors: dict[str, str]
+    ) -> web.StreamResponse:
+        """The stream's ``200``, its headers sent; from here to the replay, what is delivered
+        waits in the backlog (the recovery's scan takes turns with the event loop)."""
         response = web.StreamResponse(
             headers={
                 hdrs.CONTENT_TYPE: "text/event-stream",
@@ -204,50 +238,8 @@ class SseEndpoint:
             response.enable_chunked_encoding()
         await response.prepare(request)
         connection.transport = request.transport
-        if connection.transport is None or connection.closing is not None:
-            return response
-        outbound.writer.bound_kernel_buffer(connection.transport)
-        # From here to the replay, what is delivered waits in the backlog (the recovery's scan
-        # takes turns with the event loop).
-        topics = outbound.topics[connection.outbound.middleware_version]
-        for text in filters:
-            topics.add(connection, text, owner=who)
-        if listener_id is not None:
-            control = outbound.history.changes.control_after(basis, listener_id)
-            if control is not None and control[0] == "kick":
-                kick = control[1]
-                outbound.close(
-                    connection, codes.KICKED, kick.reason or "kicked", reconnect=kick.reconnect
-                )
-                await ended
-                return response
-            if control is not None:
-                criteria = {**control[1], "__id": listener_id}
-        authenticator.hold(connection, listener_id, details, criteria)
-        options = {} if since is None else {"since": since}
-        result = await ack_result(outbound, connection, listener_id, criteria, options) or {}
-        replay: list[bytes] = result.pop("_replay", None) or []
-        pending = connection.backlog or deque()
-        if result.get("recovered") is False:
-            gap = {"position": result["position"], "reason": result["reason"]}
-            replay.insert(0, connection.codec.gateway_event(GAP_EVENT, gap))
-        outbound.writer.begin_replay(connection, replay)
-        if pending:
-            assert connection.backlog is not None
-            connection.backlog.extend(pending)
-            connection.backlog_bytes = sum(len(packet) for packet in pending)
-        outbound.metrics.authentications.labels(version, "accepted").inc()
-        logger.info("SSE stream %s opened for listener %r", connection.sid, listener_id)
-        self._streams.add(connection)
-        if not self._sweeping:
-            self._sweeping = True
-            outbound.spawn(self._sweep())  # cancelled by close_all, with the sockets' jobs
-        if listener_id is not None:
-            await authenticator.share(connection, listener_id, criteria, refreshes, basis)
-        await outbound.writer.replay(connection)
-        if connection.transport.is_closing():
-            return response
-        await ended
+        if connection.transport is not None:
+            self._outbound.writer.bound_kernel_buffer(connection.transport)
         return response
 
     def _forget(self, connection: Connection) -> None:
@@ -280,6 +272,16 @@ class SseEndpoint:
                         connection.ended.set_result(None)
                 elif heartbeat:
                     self._outbound.writer.write(connection, HEARTBEAT_PACKET)
+
+
+def _refused(refusal: Refusal, cors: dict[str, str]) -> web.Response:
+    """A refusal of admission before the stream: ``401`` for credentials refused, ``503`` with
+    ``Retry-After`` at a limit or while the instance stops, ``400`` for the rest."""
+    if refusal.code in (codes.AUTH_REFUSED, codes.TOKEN_EXPIRED):
+        return _refusal(refusal.code, 401, str(refusal), cors)
+    if refusal.code in (codes.TOO_MANY_SOCKETS, codes.SHUTDOWN):
+        return _refusal(refusal.code, 503, str(refusal), cors, {hdrs.RETRY_AFTER: "1"})
+    return _refusal(refusal.code, 400, str(refusal), cors)
 
 
 def _refusal(
