@@ -18,7 +18,7 @@ import asyncio
 import os
 import time
 
-from _redis import RedisServer
+from lib.private_redis import RedisServer
 from redis.utils import HIREDIS_AVAILABLE
 
 import bow_gateway

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
-from _redis import RedisServer, free_port
-from instructions_bench import TOTALS, compare, control
+from lib.callgrind import TOTALS, compare, control
+from lib.private_redis import RedisServer, free_port
 
 HARNESS = Path(__file__).resolve().parents[2] / "shared" / "bench" / "bow-compare"
 AUTHORIZATION = aiohttp.encode_basic_auth("pusher", "secret")
@@ -167,7 +167,8 @@ async def measure(source: str | None, args: argparse.Namespace, redis: RedisServ
         if os.environ.get("KEEP"):
             subprocess.run(["cp", "-r", work, os.environ["KEEP"]], check=False)
         total = sum(int(m[1]) for p in dumps for m in [TOTALS.search(p.read_bytes())] if m)
-    return total / args.messages
+    per_message: float = total / args.messages
+    return per_message
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import _common as common
+from lib import machine, proc, stats
 
 from bow_gateway.index import CriteriaIndex
 
@@ -102,7 +102,7 @@ def timer_overhead_ns() -> float:
     for _ in range(100_000):
         start = clock()
         samples.append(clock() - start)
-    return common.summary(samples)[0]
+    return stats.summary(samples)[0]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -121,16 +121,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--listeners must be at least 1000")
     rng = random.Random(args.seed)
 
-    print(common.environment(["aiohttp", "python-socketio", "python-engineio", "marshmallow"]))
+    print(machine.environment(["aiohttp", "python-socketio", "python-engineio", "marshmallow"]))
     print(f"gc thresholds: {gc.get_threshold()}, gc enabled: {gc.isenabled()}")
     print()
+    all_criteria, index = build(n, rng)
+    cases = audiences(all_criteria, n, rng)
 
-    rss_start = common.rss_kib()["VmRSS"]
+    busy_before = proc.machine_busy_seconds()
+    own_before = time.process_time()
+    wall_before = time.perf_counter()
+    overhead = timer_overhead_ns()
+    print(f"timer overhead (perf_counter_ns pair, median): {overhead:.0f} ns, not subtracted")
+    print()
+
+    headers = ["audience", "sockets", "calls", "median", "p99", "min", "per socket", "target"]
+    rows: list[list[str]] = []
+    verdicts = []
+    for name, make_audience, target in cases:
+        row, verdict = time_case(args, index, all_criteria, name, make_audience, target)
+        rows.append(row)
+        if verdict is not None:
+            verdicts.append(verdict)
+
+    wall = time.perf_counter() - wall_before
+    others = proc.machine_busy_seconds() - busy_before - (time.process_time() - own_before)
+    print("CriteriaIndex.resolve() (bow_gateway/index.py):")
+    print(stats.table(headers, rows))
+    print()
+    print(
+        f"other processes used {100 * max(0.0, others) / wall:.0f}% of a CPU while resolve() "
+        f"was timed; load average now: {machine.load_average()}"
+    )
+    print("targets (median): " + ("all met" if all(verdicts) else "SOME MISSED"))
+    return 0 if all(verdicts) else 1
+
+
+def build(n: int, rng: random.Random) -> tuple[list[dict[str, Any]], CriteriaIndex[FakeSocket]]:
+    """``n`` listeners' criteria, and the index of them (one socket each); what it took."""
+    rss_start = proc.rss_kib()["VmRSS"]
     started = time.perf_counter()
     all_criteria = [make_criteria(i, rng) for i in range(n)]
     sockets = [FakeSocket(i) for i in range(n)]
     generated = time.perf_counter() - started
-    rss_data = common.rss_kib()["VmRSS"]
+    rss_data = proc.rss_kib()["VmRSS"]
 
     index: CriteriaIndex[FakeSocket] = CriteriaIndex()
     add = index.add
@@ -138,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for i in range(n):
         add(sockets[i], all_criteria[i]["__id"], all_criteria[i])
     build = time.perf_counter() - started
-    rss_built = common.rss_kib()
+    rss_built = proc.rss_kib()
     assert len(index) == n
 
     data_mib = (rss_data - rss_start) / 1024
@@ -157,8 +190,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({len(gc.get_objects()):,} objects tracked by the gc)"
     )
     print()
+    return all_criteria, index
 
-    # Audiences vary from call to call (random ids) so that no cache flatters them.
+
+Case = tuple[str, Callable[[], list[dict[str, Any]]], int | None]  # name, audience, target (ns)
+
+
+def audiences(all_criteria: list[dict[str, Any]], n: int, rng: random.Random) -> list[Case]:
+    """The audiences timed; they vary from call to call (random ids) so that no cache flatters
+    them."""
     picks = [rng.randrange(n) for _ in range(1_024)]
     blog = all_criteria[rng.randrange(n)]["blogId"][0]  # a blog that has listeners
     cursor = [0]
@@ -171,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         criteria = pick()
         return [{"__id": criteria["__id"], "role": criteria["role"]}]
 
-    cases: list[tuple[str, Callable[[], list[dict[str, Any]]], int | None]] = [
+    return [
         ("1 listener: [{__id}]", lambda: [{"__id": pick()["__id"]}], 20_000),
         ("1 listener: [{__id, role}]", by_id_and_role, None),
         (
@@ -192,56 +232,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
     ]
 
-    busy_before = common.machine_busy_seconds()
-    own_before = time.process_time()
-    wall_before = time.perf_counter()
-    overhead = timer_overhead_ns()
-    print(f"timer overhead (perf_counter_ns pair, median): {overhead:.0f} ns, not subtracted")
-    print()
 
-    headers = ["audience", "sockets", "calls", "median", "p99", "min", "per socket", "target"]
-    rows: list[list[str]] = []
-    verdicts = []
-    for name, make_audience, target in cases:
-        sample_audience = make_audience()
-        size = len(index.resolve(sample_audience))
-        if not args.no_check:
-            expected = expected_count(all_criteria, sample_audience)
-            assert size == expected, f"{name}: resolve() gave {size}, brute force {expected}"
-        audiences = [make_audience() for _ in range(1_024)]
-        samples = time_calls(
-            _cycling(index.resolve, audiences), args.seconds, min_reps=15, max_reps=200_000
-        )
-        median, p99, fastest, _ = common.summary(samples)
-        verdict = ""
-        if target is not None:
-            ok = median < target
-            verdict = f"< {common.human_ns(target)}: {'PASS' if ok else 'FAIL'}"
-            verdicts.append(ok)
-        rows.append(
-            [
-                name,
-                f"{size:,}",
-                f"{len(samples):,}",
-                common.human_ns(median),
-                common.human_ns(p99),
-                common.human_ns(fastest),
-                common.human_ns(median / size) if size else "-",
-                verdict,
-            ]
-        )
-
-    wall = time.perf_counter() - wall_before
-    others = common.machine_busy_seconds() - busy_before - (time.process_time() - own_before)
-    print("CriteriaIndex.resolve() (bow_gateway/index.py):")
-    print(common.table(headers, rows))
-    print()
-    print(
-        f"other processes used {100 * max(0.0, others) / wall:.0f}% of a CPU while resolve() "
-        f"was timed; load average now: {common.load_average()}"
+def time_case(
+    args: argparse.Namespace,
+    index: CriteriaIndex[FakeSocket],
+    all_criteria: list[dict[str, Any]],
+    name: str,
+    make_audience: Callable[[], list[dict[str, Any]]],
+    target: int | None,
+) -> tuple[list[str], bool | None]:
+    """One audience's row, and whether it met its target (None: it has none)."""
+    sample_audience = make_audience()
+    size = len(index.resolve(sample_audience))
+    if not args.no_check:
+        expected = expected_count(all_criteria, sample_audience)
+        assert size == expected, f"{name}: resolve() gave {size}, brute force {expected}"
+    varied = [make_audience() for _ in range(1_024)]
+    samples = time_calls(
+        _cycling(index.resolve, varied), args.seconds, min_reps=15, max_reps=200_000
     )
-    print("targets (median): " + ("all met" if all(verdicts) else "SOME MISSED"))
-    return 0 if all(verdicts) else 1
+    median, p99, fastest, _ = stats.summary(samples)
+    verdict = ""
+    ok = None
+    if target is not None:
+        ok = median < target
+        verdict = f"< {stats.human_ns(target)}: {'PASS' if ok else 'FAIL'}"
+    row = [
+        name,
+        f"{size:,}",
+        f"{len(samples):,}",
+        stats.human_ns(median),
+        stats.human_ns(p99),
+        stats.human_ns(fastest),
+        stats.human_ns(median / size) if size else "-",
+        verdict,
+    ]
+    return row, ok
 
 
 def _cycling(

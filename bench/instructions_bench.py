@@ -5,7 +5,7 @@ Run:  .venv/bin/python bench/instructions_bench.py [--messages 20000] [--batch 1
       .venv/bin/python bench/instructions_bench.py --gateway /tmp/bow-BASE --gateway /tmp/bow-NEW
 
 A plain script, not a test. For each ``--gateway`` (default: this checkout) it starts
-``_gateway.py`` as ``history_bench.py`` does (JWT outbound, envelope inbound taking batches,
+``lib/gateway.py`` as ``history_bench.py`` does (JWT outbound, envelope inbound taking batches,
 the Redis backplane on a private redis-server, a ``[[history]]`` rule keeping ``chat/#``) under
 ``valgrind --tool=callgrind --instr-atstart=no``, connects one protocol-2 subscriber (criteria
 ``{"room": 1}``), warms up, then turns counting on (``callgrind_control -i on``), POSTs
@@ -25,34 +25,32 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-import _common as common
-import _gateway as gateway
 import aiohttp
-import history_bench as history
-from _redis import RedisServer
-
-TOTALS = re.compile(rb"^totals:\s+(\d+)", re.MULTILINE)
+from lib import gateway, gateways
+from lib.callgrind import TOTALS, compare, control
+from lib.histories.messages import batch_body
+from lib.histories.subscriber import Subscriber, subscribe
+from lib.private_redis import RedisServer
 
 
 def start(
     source: str | None, redis: RedisServer, out: Path, cprofile: str | None = None
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """``_gateway.py`` under callgrind, counting off (or natively, with cProfile); (process,
+    """``lib/gateway.py`` under callgrind, counting off (or natively, with cProfile); (process,
     port)."""
     namespace = "instructions"
     rules = [{"filter": "chat/#", "max_count": 1_000_000, "max_age": 86_400}]
     command = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
     command += [f"--callgrind-out-file={out}"]
-    script = str(history.redis_bench.HERE / "_gateway.py")
+    script = str(gateways.SCRIPT)
     command = (
         [sys.executable, script, "--profile", cprofile]
         if cprofile
@@ -82,12 +80,8 @@ def start(
     return process, int(started["port"])
 
 
-def control(pid: int, *args: str) -> None:
-    subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
-
-
 async def post_all(
-    url: str, subscriber: history.Subscriber, messages: int, batch: int, posters: int
+    url: str, subscriber: Subscriber, messages: int, batch: int, posters: int
 ) -> None:
     """POST ``messages`` in batches, ``posters`` at a time, each round once all are delivered."""
     authorization = aiohttp.encode_basic_auth(gateway.USER, gateway.PASSWORD)
@@ -95,7 +89,7 @@ async def post_all(
         sent = 0
         while sent < messages:
             round_ = min(posters, (messages - sent + batch - 1) // batch)
-            bodies = [history.batch_body("chat/room1", batch) for _ in range(round_)]
+            bodies = [batch_body("chat/room1", batch) for _ in range(round_)]
 
             async def post(body: bytes) -> None:
                 headers = {"Content-Type": "application/json"}
@@ -124,7 +118,7 @@ async def measure(source: str | None, args: argparse.Namespace, redis: RedisServ
         out = Path(work) / "callgrind.out"
         process, port = start(source, redis, out, args.cprofile)
         try:
-            subscriber = await history.subscribe(port, "chat/room1", "instructions")
+            subscriber = await subscribe(port, "chat/room1", "instructions")
             url = f"http://127.0.0.1:{port}{gateway.PATH}"
             await post_all(url, subscriber, args.warmup, args.batch, args.posters)
             base = subscriber.count
@@ -148,7 +142,8 @@ async def measure(source: str | None, args: argparse.Namespace, redis: RedisServ
         if os.environ.get("KEEP"):
             subprocess.run(["cp", "-r", work, "/tmp/instructions-kept"], check=False)
         total = sum(int(m[1]) for p in dumps for m in [TOTALS.search(p.read_bytes())] if m)
-    return total / args.messages
+    per_message: float = total / args.messages
+    return per_message
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -166,26 +161,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     with RedisServer(aof=True) as redis:
         compare(args.gateway, args.rounds, lambda source: measure(source, args, redis))
     return 0
-
-
-def compare(
-    gateways: list[str] | None, rounds: int, measure: Callable[[str | None], Awaitable[float]]
-) -> None:
-    """``measure`` each gateway (None: this checkout) ``rounds`` times in alternation, printing
-    instructions per message, then each one's best against the first's."""
-    print(common.environment(["aiohttp", "redis", "hiredis"]), flush=True)
-    sources: list[str | None] = list(gateways or [None])
-    results: dict[str, list[float]] = {}
-    for _ in range(rounds):
-        for source in sources:
-            name = source or "this checkout"
-            ir = asyncio.run(measure(source))
-            results.setdefault(name, []).append(ir)
-            print(f"{name}: {ir:,.0f} instructions per message", flush=True)
-    if len(sources) > 1:
-        first = min(results[sources[0] or "this checkout"])
-        for name, irs in results.items():
-            print(f"{name}: best {min(irs):,.0f} ({min(irs) / first:.2f} of the first)")
 
 
 if __name__ == "__main__":

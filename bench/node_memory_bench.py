@@ -5,7 +5,7 @@ Run:  (cd bench/node && npm ci)     # once: socket.io-client 4.x
           [--transports websocket,polling+websocket] [--concurrency 100]
 
 A plain script, not a test. For each number of sockets and each transport choice it starts a
-fresh ``_gateway.py`` (pinned to CPU 0 with ``taskset`` when it can), reads its RSS, opens that
+fresh ``lib/gateway.py`` (pinned to CPU 0 with ``taskset`` when it can), reads its RSS, opens that
 many official ``socket.io-client`` connections from one Node process (``bench/node/
 idle_clients.mjs``: ``transports: ["websocket"]``, or the client's default, long-polling first
 then the upgrade, written ``polling+websocket``), each authenticated with its own JWT, waits 3
@@ -27,28 +27,27 @@ import tempfile
 import time
 from pathlib import Path
 
-import _common as common
-from _gateway import OUTBOUND_VERSION, SECRET
-from bow_gateway.outbounds.jwt import mint
-from delivery_bench import start_gateway, stop_gateway
+from lib import BENCH, machine, proc, stats
+from lib.gateway import OUTBOUND_VERSION, SECRET
+from lib.gateways import start_pinned, stop_process
+from lib.listeners import mint
 
-HERE = Path(__file__).resolve().parent
-NODE = HERE / "node"
+NODE = BENCH / "node"
 
 
 def measure(
     sockets: int, transports: str, concurrency: int, pin: bool, trace: str | None = None
 ) -> list[str]:
-    gateway, port, pid = start_gateway(argparse.Namespace(profile=None, pin=pin, server_cpu=0))
+    gateway, port, pid = start_pinned(None, pin, 0)
     try:
         time.sleep(1)
         if trace:
             ask(gateway, "trace")
-        before = common.rss_kib(pid)["VmRSS"]
-        cpu_before = common.cpu_seconds(pid)
+        before = proc.rss_kib(pid)["VmRSS"]
+        cpu_before = proc.cpu_seconds(pid)
         with tempfile.NamedTemporaryFile("w", suffix=".tokens") as tokens:
             for i in range(sockets):
-                tokens.write(mint(f"node-{i}", SECRET, criteria={"all": True}) + "\n")
+                tokens.write(mint(f"node-{i}", SECRET, {"all": True}) + "\n")
             tokens.flush()
             node = subprocess.Popen(
                 [
@@ -69,9 +68,9 @@ def measure(
             if not line:
                 raise SystemExit("the node clients failed (did you run `npm ci` in bench/node?)")
             done = json.loads(line)
-            cpu = common.cpu_seconds(pid) - cpu_before
+            cpu = proc.cpu_seconds(pid) - cpu_before
             time.sleep(3)
-            after = common.rss_kib(pid)
+            after = proc.rss_kib(pid)
             if trace:
                 traced = ask(gateway, f"trace {done['authenticated']}")
                 where = Path(f"{trace}-{sockets}-{transports}.json")
@@ -79,7 +78,7 @@ def measure(
             node.stdin.close()
             node.wait(30)
     finally:
-        stop_gateway(gateway)
+        stop_process(gateway)
     per_socket = (after["VmRSS"] - before) / max(1, done["authenticated"])
     return [
         f"{sockets:,}",
@@ -94,7 +93,7 @@ def measure(
 
 
 def ask(gateway: subprocess.Popen[bytes], command: str) -> dict[str, object]:
-    """One command to ``_gateway.py`` on its stdin, and its answer."""
+    """One command to ``lib/gateway.py`` on its stdin, and its answer."""
     assert gateway.stdin is not None and gateway.stdout is not None
     gateway.stdin.write(command.encode() + b"\n")
     gateway.stdin.flush()
@@ -120,7 +119,7 @@ def main() -> None:
     pin = not args.no_pin and shutil.which("taskset") is not None and (os.cpu_count() or 1) > 1
     node_version = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout
     client = json.loads((NODE / "node_modules/socket.io-client/package.json").read_text())
-    print(common.environment(["aiohttp", "python-socketio", "python-engineio"]))
+    print(machine.environment(["aiohttp", "python-socketio", "python-engineio"]))
     print(
         f"node {node_version.strip()}, socket.io-client {client['version']}; gateway pinned: {pin}"
     )
@@ -131,7 +130,7 @@ def main() -> None:
             print(f"  {rows[-1]}", flush=True)
     print()
     print(
-        common.table(
+        stats.table(
             [
                 "sockets",
                 "transports",

@@ -4,9 +4,10 @@ Run:  .venv/bin/python bench/recovery_bench.py [--rounds 5] [--window 10000] [--
       .venv/bin/python bench/recovery_bench.py --profile /tmp/recovery.prof   # + cProfile
 
 A plain script, not a test (issue 13, "Done when" (b): at most 50 ms of gateway CPU). It starts
-``_gateway.py`` (JWT outbound v1.3, claims middleware, pass-through inbound, in-process backplane,
-recovery at its defaults: ``max_count`` 10,000, ``max_age`` 120 s, ``max_replay`` 1,000) in a
-process of its own pinned to CPU 0, and pins itself to CPU 1. Then, ``--rounds`` times:
+``lib/gateway.py`` (JWT outbound v1.3, claims middleware, pass-through inbound, in-process
+backplane, recovery at its defaults: ``max_count`` 10,000, ``max_age`` 120 s, ``max_replay``
+1,000) in a process of its own pinned to CPU 0, and pins itself to CPU 1. Then, ``--rounds``
+times:
 
 1. one message to nobody (``[{"__id": "nobody"}]``): its ``Bow-Position`` is ``since``;
 2. ``--window`` messages (the window then holds exactly those: the marker has just left it, as
@@ -17,8 +18,8 @@ process of its own pinned to CPU 0, and pins itself to CPU 1. Then, ``--rounds``
    ``[{"all": false}]``, so that every one of the window's messages costs an audience check;
    payloads of ``--payload`` bytes; POSTed 16 at a time;
 3. the gateway's CPU time (``cpu``: ``CLOCK_PROCESS_CPUTIME_ID`` of the gateway process, in ns,
-   read through ``_gateway.py``'s control channel, so it is exact, not in 10 ms ticks) and its
-   stall probe are read; a lean protocol-2 websocket client (``fanout_bench.LeanClient``:
+   read through ``lib/gateway.py``'s control channel, so it is exact, not in 10 ms ticks) and its
+   stall probe are read; a lean protocol-2 websocket client (``lib.lean.websocket.LeanClient``:
    ``&proto=2``, ``authenticate`` with ``(token, {"since": since}, ack)``) connects, and the
    measurement ends when it has read the ack and every replayed event; the gateway's CPU time is
    read again. The client checks the ack (``recovered: true``) and that it received exactly the
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import statistics
@@ -44,67 +44,19 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import _common as common
-import _gateway as gateway
-import fanout_bench as fanout
-import redis_bench
-from bow_gateway.outbounds.jwt import mint
+from lib import listeners, machine, stats
+from lib.gateways import Gateways
+from lib.lean.books import EVENT
+from lib.lean.posters import Poster, Posters
+from lib.lean.recovering import RecoveringClient
+from lib.variants import source_variant, start_variant
 
 LISTENER = 1  # bench-1: {"all": true, "g10": false, "role": "author"}
 MATCHING = (b'[{"__id":"bench-1"}]', b'[{"role":"author"}]')
 OTHERS = (b'[{"role":"admin"}]', b'[{"g10":true}]', b'[{"all":false}]')
-
-
-class RecoveringClient(fanout.LeanClient):
-    """A protocol-2 lean client that keeps every event it receives: ``(position, replayed)``.
-
-    ``done`` resolves once the ack has come and ``expected`` replayed events have been read (at
-    once after the ack when ``expected`` is 0 or the ack says ``recovered`` is not true).
-    """
-
-    def __init__(self, host: str, token: str, options: dict[str, Any], expected: int = 0) -> None:
-        super().__init__(fanout.Books(), host, token, proto=2, options=options)
-        self.expected = expected
-        self.events: list[tuple[str | None, bool]] = []
-        self.replayed = 0
-        self.acked = False
-        self.done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-
-    def _acknowledged(self, payload: bytes) -> None:
-        super()._acknowledged(payload)
-        self.acked = True
-        self._check()
-
-    def _event(self, payload: bytes) -> fanout.Message | None:
-        try:
-            name, *args = json.loads(payload[2:])
-        except ValueError:
-            return None
-        meta = args[1] if len(args) > 1 and isinstance(args[1], dict) else {}
-        if name == fanout.EVENT:
-            replayed = bool(meta.get("replayed"))
-            self.events.append((meta.get("position"), replayed))
-            self.position = meta.get("position") or self.position
-            if replayed:
-                self.replayed += 1
-                self._check()
-            return None
-        return super()._event(payload)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.books.closing = True
-        super().connection_lost(exc)
-        if not self.done.done():
-            self.done.set_exception(ConnectionError(self.reason or "connection lost"))
-
-    def _check(self) -> None:
-        if self.done.done() or not self.acked:
-            return
-        result = self.result if isinstance(self.result, dict) else {}
-        if self.replayed >= self.expected or result.get("recovered") is not True:
-            self.done.set_result(time.perf_counter())
 
 
 def audience(k: int, every: int) -> bytes:
@@ -117,7 +69,7 @@ def audience(k: int, every: int) -> bytes:
     return OTHERS[choice]
 
 
-async def post_window(posters: fanout.Posters, count: int, every: int, body: bytes) -> int:
+async def post_window(posters: Posters, count: int, every: int, body: bytes) -> int:
     """POST ``count`` messages, 16 at a time; the number that failed."""
     failed = 0
     queue = iter(range(count))
@@ -126,7 +78,7 @@ async def post_window(posters: fanout.Posters, count: int, every: int, body: byt
         nonlocal failed
         for k in queue:
             payload = b'{"name":"%s","audience":%s,"payload":%s}' % (
-                fanout.EVENT.encode(),
+                EVENT.encode(),
                 audience(k, every),
                 body % k,
             )
@@ -156,100 +108,123 @@ async def connect(
     return started, ended
 
 
-async def bench(args: argparse.Namespace, gateways: redis_bench.Gateways) -> list[dict[str, Any]]:
+@dataclass
+class Target:
+    """The gateway under test, and what every round POSTs to it."""
+
+    gateways: Gateways
+    host: str
+    port: int
+    posters: Posters
+    marker: Poster  # the message to nobody whose position is ``since``
+    token: str  # bench-1's
+    body: bytes  # a payload, % k
+    every: int  # one message of a window in ``every`` matches bench-1
+
+    async def command(self, text: str) -> dict[str, Any]:
+        return (await self.gateways.command(text))[0]
+
+
+async def bench(args: argparse.Namespace, gateways: Gateways) -> list[dict[str, Any]]:
     port = int(gateways.socket_urls[0].rsplit(":", 1)[1])
     host = args.host
-
-    async def command(text: str) -> dict[str, Any]:
-        return (await gateways.command(text))[0]
-
-    posters = fanout.Posters(host, port)
+    posters = Posters(host, port)
     posters.grow(16)
-    marker = fanout.Poster(f"{host}:{port}", posters._authorization)
+    marker = Poster(f"{host}:{port}", posters.authorization)
     await asyncio.get_running_loop().create_connection(lambda: marker, host, port)
-    token = mint(
-        redis_bench.listener_id(LISTENER), gateway.SECRET, criteria=redis_bench.criteria(LISTENER)
-    )
+    token = listeners.token(LISTENER)
     # payload: {"k": <n>, "text": "xxx..."}, about --payload bytes
     body = b'{"k":%d,"text":"' + b"x" * max(0, args.payload - 20) + b'"}'
-    every = args.window // args.replay
+    target = Target(gateways, host, port, posters, marker, token, body, args.window // args.replay)
     rounds = []
     for round_ in range(args.rounds):
-        status = await marker.post(
-            b'{"name":"%s","audience":[{"__id":"nobody"}]}' % fanout.EVENT.encode()
-        )
-        since = header(marker.head, b"bow-position")
-        if status != 204 or not since:
-            raise SystemExit(f"the marker message got {status}, Bow-Position {since!r}")
-        count = args.window
-        started = time.perf_counter()
-        failed = await post_window(posters, count, every, body)
-        posting = time.perf_counter() - started
-        expected = sum(1 for k in range(count) if k % every == 0)
-        await asyncio.sleep(args.settle)  # the gateway has delivered (to nobody) every message
-        if args.collect_first:  # the POSTs' garbage out of the way: the recovery's own cost
-            await command("collect")
-            await asyncio.sleep(args.settle)  # and the gateway's freeze after it
-        await command("stall")
-        await command("gc")
-        if args.profile:
-            os.kill(gateways.pids[0], signal.SIGUSR1)
-        cpu_before = (await command("cpu"))["cpu_ns"]
-        client = RecoveringClient(f"{host}:{port}", token, {"since": since}, expected)
-        begun, ended = await connect(host, port, client)
-        cpu_after = (await command("cpu"))["cpu_ns"]
-        if args.profile:
-            os.kill(gateways.pids[0], signal.SIGUSR2)
-        stall = (await command("stall"))["stall"]["longest"]
-        collections = (await command("gc"))["gc"]
-        client.close()
-        await asyncio.sleep(0.2)
-        # the baseline: the same listener, a bare connect + authenticate
-        bare = RecoveringClient(f"{host}:{port}", token, {}, 0)
-        bare_before = (await command("cpu"))["cpu_ns"]
-        bare_begun, bare_ended = await connect(host, port, bare)
-        bare_after = (await command("cpu"))["cpu_ns"]
-        bare.close()
-        await asyncio.sleep(0.2)
-        result = client.result if isinstance(client.result, dict) else {}
-        positions = [p for p, replayed in client.events if replayed]
-        ok = (
-            result.get("recovered") is True
-            and client.replayed == expected
-            and len(positions) == len(set(positions))
-            and all(replayed for _, replayed in client.events[:expected])
-        )
-        row = {
-            "round": round_ + 1,
-            "window": count,
-            "posted in": posting,
-            "failed posts": failed,
-            "ack": {k: result.get(k) for k in ("recovered", "reason", "position")},
-            "expected": expected,
-            "replayed": client.replayed,
-            "live": len(client.events) - client.replayed,
-            "ok": ok,
-            "recovery cpu": (cpu_after - cpu_before) / 1e9,
-            "bare cpu": (bare_after - bare_before) / 1e9,
-            "recovery wall": ended - begun,
-            "bare wall": bare_ended - bare_begun,
-            "stall": stall,
-            "gc": max(collections["longest"]),
-            "gc by generation": collections["collections"],
-            "gc seconds": sum(collections["seconds"]),
-        }
+        row = await one_round(args, target, round_)
         rounds.append(row)
         print(
-            f"  round {round_ + 1}: window of {count:,} (posted in {posting:.1f} s, "
-            f"{failed} failed); ack {row['ack']}; replayed {client.replayed:,} of {expected:,} "
-            f"({'ok' if ok else 'WRONG'}); gateway CPU {row['recovery cpu'] * 1e3:.1f} ms "
+            f"  round {round_ + 1}: window of {row['window']:,} (posted in "
+            f"{row['posted in']:.1f} s, {row['failed posts']} failed); ack {row['ack']}; replayed "
+            f"{row['replayed']:,} of {row['expected']:,} ({'ok' if row['ok'] else 'WRONG'}); "
+            f"gateway CPU {row['recovery cpu'] * 1e3:.1f} ms "
             f"(bare connect + authenticate {row['bare cpu'] * 1e3:.1f} ms); wall "
-            f"{row['recovery wall'] * 1e3:.1f} ms; longest stall {stall * 1e3:.1f} ms, "
+            f"{row['recovery wall'] * 1e3:.1f} ms; longest stall {row['stall'] * 1e3:.1f} ms, "
             f"longest GC {row['gc'] * 1e3:.1f} ms (collections by generation "
             f"{row['gc by generation']}, {row['gc seconds'] * 1e3:.1f} ms in all)",
             flush=True,
         )
     return rounds
+
+
+async def post_round(args: argparse.Namespace, target: Target) -> tuple[str, int, float, int]:
+    """The marker, then the window: (since, messages failed, seconds posting, expected)."""
+    status = await target.marker.post(
+        b'{"name":"%s","audience":[{"__id":"nobody"}]}' % EVENT.encode()
+    )
+    since = header(target.marker.head, b"bow-position")
+    if status != 204 or not since:
+        raise SystemExit(f"the marker message got {status}, Bow-Position {since!r}")
+    count, every = args.window, target.every
+    started = time.perf_counter()
+    failed = await post_window(target.posters, count, every, target.body)
+    posting = time.perf_counter() - started
+    expected = sum(1 for k in range(count) if k % every == 0)
+    return since, failed, posting, expected
+
+
+async def one_round(args: argparse.Namespace, target: Target, round_: int) -> dict[str, Any]:
+    host, port, token, command = target.host, target.port, target.token, target.command
+    since, failed, posting, expected = await post_round(args, target)
+    await asyncio.sleep(args.settle)  # the gateway has delivered (to nobody) every message
+    if args.collect_first:  # the POSTs' garbage out of the way: the recovery's own cost
+        await command("collect")
+        await asyncio.sleep(args.settle)  # and the gateway's freeze after it
+    await command("stall")
+    await command("gc")
+    if args.profile:
+        os.kill(target.gateways.pids[0], signal.SIGUSR1)
+    cpu_before = (await command("cpu"))["cpu_ns"]
+    client = RecoveringClient(f"{host}:{port}", token, {"since": since}, expected)
+    begun, ended = await connect(host, port, client)
+    cpu_after = (await command("cpu"))["cpu_ns"]
+    if args.profile:
+        os.kill(target.gateways.pids[0], signal.SIGUSR2)
+    stall = (await command("stall"))["stall"]["longest"]
+    collections = (await command("gc"))["gc"]
+    client.close()
+    await asyncio.sleep(0.2)
+    # the baseline: the same listener, a bare connect + authenticate
+    bare = RecoveringClient(f"{host}:{port}", token, {}, 0)
+    bare_before = (await command("cpu"))["cpu_ns"]
+    bare_begun, bare_ended = await connect(host, port, bare)
+    bare_after = (await command("cpu"))["cpu_ns"]
+    bare.close()
+    await asyncio.sleep(0.2)
+    result = client.result if isinstance(client.result, dict) else {}
+    positions = [p for p, replayed in client.events if replayed]
+    ok = (
+        result.get("recovered") is True
+        and client.replayed == expected
+        and len(positions) == len(set(positions))
+        and all(replayed for _, replayed in client.events[:expected])
+    )
+    return {
+        "round": round_ + 1,
+        "window": args.window,
+        "posted in": posting,
+        "failed posts": failed,
+        "ack": {k: result.get(k) for k in ("recovered", "reason", "position")},
+        "expected": expected,
+        "replayed": client.replayed,
+        "live": len(client.events) - client.replayed,
+        "ok": ok,
+        "recovery cpu": (cpu_after - cpu_before) / 1e9,
+        "bare cpu": (bare_after - bare_before) / 1e9,
+        "recovery wall": ended - begun,
+        "bare wall": bare_ended - bare_begun,
+        "stall": stall,
+        "gc": max(collections["longest"]),
+        "gc by generation": collections["collections"],
+        "gc seconds": sum(collections["seconds"]),
+    }
 
 
 def print_summary(rounds: list[dict[str, Any]], target_ms: float) -> bool:
@@ -286,7 +261,7 @@ def print_summary(rounds: list[dict[str, Any]], target_ms: float) -> bool:
                 f"{r['gc seconds'] * 1e3:.1f} ms ({'/'.join(map(str, r['gc by generation']))})",
             ]
         )
-    print(common.table(headers, rows))
+    print(stats.table(headers, rows))
     cpu = [r["recovery cpu"] * 1e3 for r in rounds]
     median = statistics.median(cpu)
     met = median <= target_ms and all(r["ok"] for r in rounds)
@@ -328,18 +303,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.window % args.replay:
         parser.error("--window must be a multiple of --replay")
 
-    print(common.environment(["aiohttp", "python-socketio", "python-engineio", "PyJWT"]))
-    print(f"bow_gateway: {args.source or redis_bench.git_state()}")
+    print(machine.environment(["aiohttp", "python-socketio", "python-engineio", "PyJWT"]))
+    print(f"bow_gateway: {args.source or machine.git_state()}")
     os.sched_setaffinity(0, {args.client_cpu})
     if args.quiet > 0:
-        common.wait_for_quiet(args.quiet)
+        machine.wait_for_quiet(args.quiet)
     workdir = tempfile.mkdtemp(prefix="recovery-")
-    variant = fanout.source_variant(args.source, 2, workdir)
+    variant = source_variant(args.source, 2, workdir)
     extra = ["--profile", args.profile] if args.profile else []
     if args.no_gc_freeze:
         extra.append("--no-gc-freeze")
-    gateways = fanout.start_variant(variant, None, "recovery", extra)
-    fanout.pin_gateway(gateways.pids[0], args.server_cpu)
+    gateways = start_variant(variant, None, "recovery", extra)
+    machine.pin_gateway(gateways.pids[0], args.server_cpu)
     print(
         f"gateway: {gateways.description}, pinned to CPU {args.server_cpu}; this process on CPU "
         f"{args.client_cpu}; {args.rounds} rounds of {args.replay:,} of {args.window:,} "
@@ -355,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     met = print_summary(rounds, args.target_ms)
     if args.profile:
         print(f"cProfile of the recoveries (the last round only): {args.profile}")
-    print(f"load average now: {common.load_average()}")
+    print(f"load average now: {machine.load_average()}")
     return 0 if met else 1
 
 

@@ -19,7 +19,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import _common as common
+from lib import stats
 
 LINE = re.compile(r":\d+\)$")
 
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             headers = [f"{title}: function (file)", path.name[:40]]
             if args.against:
                 headers.append(args.against.name[:40])
-            print(common.table(headers, rows))
+            print(stats.table(headers, rows))
             print()
     return 0
 

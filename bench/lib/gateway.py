@@ -1,4 +1,8 @@
-"""The gateway that ``delivery_bench.py`` starts in a process of its own.
+"""The gateway that ``delivery_bench.py`` starts in a process of its own (``lib/gateways.py``).
+
+Run by path, ``python bench/lib/gateway.py [options]`` (``bench/lib`` is then its ``sys.path[0]``,
+and ``PYTHONPATH`` may name another checkout's bow_gateway): it imports nothing of ``lib``, only
+the standard library and bow_gateway; the scripts import it for its constants and ``build``.
 
 The quick-start gateway (as ``tests/support.standard_bow`` builds it): the bundled JWT outbound
 v1.3, the claims middleware v1.1 and the pass-through inbound on ``/v1.2/messages``, with
