@@ -192,6 +192,30 @@ async def test_an_anonymous_connection_receives_what_its_criteria_match(
     assert await client.receive() == ("news/b", "public")
 
 
+async def test_anonymous_binds_past_max_anonymous_are_closed_with_4009(
+    serve: Serve, http: aiohttp.ClientSession
+) -> None:
+    # Regression (issue 28): a bind without auth indexed the connection around admission, so
+    # outbound.max_anonymous, which bounds anonymous Socket.IO and SSE connections, never
+    # counted Flywheel's.
+    config = base_config(outbound={"timeout": 5, "max_anonymous": 2})
+    gateway = await serve(flywheel_bow(config, anonymous={"public": True}))
+    held = [await FlywheelClient.open(http, gateway.url) for _ in range(2)]
+    for client in held:
+        assert (await client.bind(subscribe=["news/#"]))["errors"] == []
+    third = await FlywheelClient.open(http, gateway.url)
+    try:
+        response = await third.bind(subscribe=["news/#"])
+        assert response["errors"][0]["type"] == "General"
+        assert (await third.closed())[0] == 4009
+        await gateway.push({"name": "news/b", "payload": "public", "audience": [{"public": True}]})
+        for client in held:  # the older ones stay
+            assert await client.receive() == ("news/b", "public")
+    finally:
+        for client in (*held, third):
+            await client.close()
+
+
 async def test_a_bind_that_is_not_json_is_a_general_error(open_client: Open) -> None:
     client = await open_client()
     await client.websocket.send_str("B {not json")
