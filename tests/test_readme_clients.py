@@ -107,9 +107,9 @@ def restarted(served: Served, folder: Path, **env: str) -> Iterator[Served]:
 
 
 async def stream_opened(served: Served, timeout: float = 10) -> None:
-    """Wait until serve logs that an SSE stream opened."""
+    """Wait until serve logs that an SSE stream was admitted."""
     async with asyncio.timeout(timeout):
-        while not re.search(r"SSE stream \S+ opened", served.new_stderr()):
+        while not re.search(r"sse connection \S+ authenticated", served.new_stderr()):
             await asyncio.sleep(0.05)
 
 
