@@ -21,7 +21,7 @@ from typing import Any
 
 from lib import machine, proc, stats
 
-from bow_gateway.index import CriteriaIndex
+from bow_gateway.core.index import CriteriaIndex
 
 ROLES = ("admin", "editor", "author", "contributor", "subscriber")
 ROLE_WEIGHTS = (0.005, 0.045, 0.15, 0.20, 0.60)  # admin is rare: ~5,000 of 1,000,000
@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     wall = time.perf_counter() - wall_before
     others = proc.machine_busy_seconds() - busy_before - (time.process_time() - own_before)
-    print("CriteriaIndex.resolve() (bow_gateway/index.py):")
+    print("CriteriaIndex.resolve() (bow_gateway/core/index.py):")
     print(stats.table(headers, rows))
     print()
     print(

@@ -22,8 +22,8 @@ import statistics
 import time
 from collections.abc import Callable
 
-from bow_gateway.index import CriteriaIndex
-from bow_gateway.topics import TopicIndex
+from bow_gateway.core.index import CriteriaIndex
+from bow_gateway.core.topics import TopicIndex
 
 
 class Socket:

@@ -10,8 +10,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .codes import TokenExpired
-    from .plugins import (
+    from .app.server import Bow
+    from .core.codes import TokenExpired
+    from .core.plugins import (
         AsyncClosable,
         CreateCriteriaFromListenerDetails,
         CreateListenerDetailsFromToken,
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
         InboundRequest,
         WatchesCriteria,
     )
-    from .server import Bow
 
 __all__ = [
     "AsyncClosable",
@@ -47,7 +47,7 @@ def __getattr__(name: str) -> Any:
     the criteria job start without the gateway's server modules."""
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = {"Bow": ".server", "TokenExpired": ".codes"}.get(name, ".plugins")
+    module = {"Bow": ".app.server", "TokenExpired": ".core.codes"}.get(name, ".core.plugins")
     value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value

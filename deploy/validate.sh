@@ -86,7 +86,7 @@ sed -n '/^  gateway.toml: |$/,$p' deploy/kubernetes/configmap.yaml | tail -n +2 
 if BOW_INBOUND_PASSWORD=x BOW_JWT_SECRET=validate-secret-that-is-32-bytes-long \
     BOW_REDIS_URL=redis://127.0.0.1:6379/0 "$python" -c '
 import sys
-from bow_gateway.standalone import build_bow, load_settings
+from bow_gateway.app.standalone import build_bow, load_settings
 settings = load_settings(sys.argv[1])
 build_bow(settings)
 assert settings.config["host"] == "0.0.0.0" and settings.config["port"] == 8080

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from bow_gateway.message import validate_message
-from bow_gateway.plugins import InboundRequest
+from bow_gateway.core.message import validate_message
+from bow_gateway.core.plugins import InboundRequest
 
 HEADER_PREFIX: Final = "x-gobbler-"
 """Request headers whose names start with it (in any case) become the message's headers."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bow_gateway.plugins import CreateCriteriaFromListenerDetails
+from bow_gateway.core.plugins import CreateCriteriaFromListenerDetails
 
 
 def criteria_from_claim(claim: str = "criteria") -> CreateCriteriaFromListenerDetails:

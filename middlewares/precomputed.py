@@ -1,9 +1,10 @@
 """Criteria precomputed by ``bow-gateway criteria-job``, read from Redis: one ``HGET`` per listener.
 
 The job writes every listener's criteria into a snapshot of bucket hashes and points
-``{{namespace}:criteria}:live`` at it (see :mod:`bow_gateway.criteria_snapshot`). This middleware
-reads the pointer (cached, re-read when a snapshot goes live), then the listener's field. An id
-the snapshot does not hold is refused (the socket gets an ``alert``), or handed to ``fallback``.
+``{{namespace}:criteria}:live`` at it (see :mod:`bow_gateway.core.criteria_snapshot`). This
+middleware reads the pointer (cached, re-read when a snapshot goes live), then the listener's
+field. An id the snapshot does not hold is refused (the socket gets an ``alert``), or handed to
+``fallback``.
 
 It *watches*: when a new snapshot goes live, or an incremental run names listeners whose criteria
 changed, :meth:`PrecomputedCriteria.watch` tells the gateway, which re-reads the criteria of the
@@ -24,10 +25,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from bow_gateway.criteria import ListenerId
-from bow_gateway.criteria_snapshot import DEFAULT_NAMESPACE, Layout, Live, parse_change
-from bow_gateway.plugins import CreateCriteriaFromListenerDetails, resolve
-from bow_gateway.redis_client import (
+from bow_gateway.core.criteria import ListenerId
+from bow_gateway.core.criteria_snapshot import DEFAULT_NAMESPACE, Layout, Live, parse_change
+from bow_gateway.core.plugins import CreateCriteriaFromListenerDetails, resolve
+from bow_gateway.runtime.redis_client import (
     AsyncClient,
     RedisSettings,
     check_settings,
@@ -41,8 +42,8 @@ logger = logging.getLogger(__name__)
 class PrecomputedCriteria:
     """``create_criteria_from_listener_details`` backed by the criteria job's live snapshot.
 
-    ``redis``: what :func:`bow_gateway.redis_client.redis_client` takes (a URL, a dict of redis-py
-    connection settings, Sentinel's, or a list of cluster nodes); by default the URL in the
+    ``redis``: what :func:`bow_gateway.runtime.redis_client.redis_client` takes (a URL, a dict of
+    redis-py connection settings, Sentinel's, or a list of cluster nodes); by default the URL in the
     environment variable ``redis_env``. ``fallback``: a middleware function (plain or coroutine,
     or its ``"module:function"`` name) for ids the snapshot does not hold; without it they are
     refused. ``pointer_ttl``: seconds the live pointer is trusted without a notification.

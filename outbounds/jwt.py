@@ -2,10 +2,10 @@
 
 HS256 (and HS384/HS512) with a shared secret, or RS256/ES256 (and kin) with a public key; the
 algorithms are pinned by configuration, never read from the token. ``exp`` and ``nbf`` are checked
-when present (an expired token raises :class:`~bow_gateway.codes.TokenExpired`, a ``ValueError``
-the gateway refuses with 4003), ``aud`` and ``iss`` when configured. A token's ``exp`` is also
-copied into the listener details as ``exp`` (whole seconds since the Unix epoch, plus the
-``leeway``): when the gateway asks a protocol-2 socket to re-authenticate. A shared secret
+when present (an expired token raises :class:`~bow_gateway.core.codes.TokenExpired`, a
+``ValueError`` the gateway refuses with 4003), ``aud`` and ``iss`` when configured. A token's
+``exp`` is also copied into the listener details as ``exp`` (whole seconds since the Unix epoch,
+plus the ``leeway``): when the gateway asks a protocol-2 socket to re-authenticate. A shared secret
 shorter than its algorithm's hash is refused (RFC 7518, section 3.2): 32 bytes for HS256, 48 for
 HS384, 64 for HS512.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 import jwt
 
-from bow_gateway.codes import TokenExpired
+from bow_gateway.core.codes import TokenExpired
 
 _HMAC = {"HS256", "HS384", "HS512"}
 # RFC 7518, section 3.2: "a key of the same size as the hash output ... or larger MUST be used".

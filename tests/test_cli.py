@@ -19,8 +19,8 @@ import jwt
 import pytest
 from packaging.requirements import Requirement
 
+from bow_gateway.app.standalone_defaults import DEV_JWT_SECRET
 from bow_gateway.cli import main
-from bow_gateway.standalone_defaults import DEV_JWT_SECRET
 
 from .served import BOW_GATEWAY, clean_env, free_port, wait_for_health
 from .support import SECRET
@@ -570,7 +570,7 @@ def test_the_command_line_starts_without_the_gateways_server_or_aiohttp() -> Non
     # python-socketio, marshmallow) before Spark started: ~0.5-0.9 s of every run.
     check = (
         "import sys; from bow_gateway.cli import main, _parser; _parser()\n"
-        "loaded = [m for m in ('bow_gateway.server', 'aiohttp', 'socketio', 'marshmallow')"
+        "loaded = [m for m in ('bow_gateway.app.server', 'aiohttp', 'socketio', 'marshmallow')"
         " if m in sys.modules]\n"
         "print(','.join(loaded))"
     )

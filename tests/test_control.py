@@ -14,8 +14,15 @@ import pytest
 
 from bow_gateway import Bow
 from bow_gateway.backplanes import MemoryBackplane
-from bow_gateway.control import check_changes, check_count, check_kick, count_answer, summed
-from bow_gateway.message import CountEvent, Event, KickEvent, SetCriteriaEvent, decode_event
+from bow_gateway.core.message import (
+    CountEvent,
+    Event,
+    KickEvent,
+    SetCriteriaEvent,
+    count_answer,
+    decode_event,
+)
+from bow_gateway.ingress.control import check_changes, check_count, check_kick, summed
 
 from .redis_server import RedisServer
 from .support import AUTH, PATH, REALM, base_config, standard_bow

@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 
 from bow_gateway import Bow
-from bow_gateway.config import load_config
-from bow_gateway.standalone import load_settings
+from bow_gateway.app.standalone import load_settings
+from bow_gateway.runtime.config import load_config
 
 from .redis_server import free_port
 from .support import AUTH, PATH, base_config, standard_bow, token

@@ -12,7 +12,7 @@ import pytest
 
 from bow_gateway.job.config import ConfigError, load_job_config, parse_job_config
 from bow_gateway.job.spark import driver_java_options, local_cores, short
-from bow_gateway.redis_client import redacted
+from bow_gateway.runtime.redis_client import redacted
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"BOW_REDIS_URL": "redis://127.0.0.1:6379/0", "APP_DB_PASSWORD": "secret"}

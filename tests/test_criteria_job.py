@@ -34,7 +34,7 @@ from pyspark.sql import SparkSession
 
 from bow_gateway import Bow
 from bow_gateway.cli import main as cli_main
-from bow_gateway.criteria_snapshot import Layout, Live, id_field, parse_change
+from bow_gateway.core.criteria_snapshot import Layout, Live, id_field, parse_change
 from bow_gateway.job.config import JobConfig, parse_job_config
 from bow_gateway.job.run import CriteriaJobError, run_job
 from bow_gateway.job.spark import build_session

@@ -25,12 +25,12 @@ from criteria_data import (
 )
 from pyspark.sql import SparkSession
 
-from bow_gateway.config import load_config
-from bow_gateway.criteria_snapshot import Layout, Live, id_field, parse_change
+from bow_gateway.core.criteria_snapshot import Layout, Live, id_field, parse_change
 from bow_gateway.job.config import load_job_config, parse_job_config
 from bow_gateway.job.run import run_job
 from bow_gateway.job.spark import build_session
-from bow_gateway.redis_client import RedisSettings, SyncClient, sync_redis_client
+from bow_gateway.runtime.config import load_config
+from bow_gateway.runtime.redis_client import RedisSettings, SyncClient, sync_redis_client
 
 from .redis_server import RedisServer, redis_cluster
 from .support import base_config

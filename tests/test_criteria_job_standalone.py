@@ -18,7 +18,7 @@ import pytest
 import redis
 from criteria_data import QUERY, churn, expected_criteria, generate, write_parquet
 
-from bow_gateway.criteria_snapshot import Layout, Live, id_field, parse_change
+from bow_gateway.core.criteria_snapshot import Layout, Live, id_field, parse_change
 from bow_gateway.job.config import load_job_config, parse_job_config
 from bow_gateway.job.spark import APP_NAME, executor_python
 

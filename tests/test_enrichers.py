@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from bow_gateway import Bow
-from bow_gateway.enrichers import EnricherInitError, Enrichers
-from bow_gateway.message import validate_message
-from bow_gateway.standalone import build_bow, load_settings
+from bow_gateway.app.standalone import build_bow, load_settings
+from bow_gateway.core.enrichers import EnricherInitError, Enrichers
+from bow_gateway.core.message import validate_message
 
 from .support import (
     AUTH,

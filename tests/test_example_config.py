@@ -14,7 +14,7 @@ import pytest
 from marshmallow import Schema, fields
 
 from bow_gateway.cli import main
-from bow_gateway.config import _ConfigSchema, _HttpsSchema
+from bow_gateway.runtime.config import _ConfigSchema, _HttpsSchema
 
 from .served import clean_env, serve
 from .support import SECRET, token
@@ -25,7 +25,8 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "deploy" / "gateway.example.t
 # A commented-out key or table: "# key = value" or "# [table]" / "# [[tables]]".
 COMMENTED = re.compile(r"^# ?((?:\[\[?[A-Za-z_.]+\]\]?)|(?:[A-Za-z_][A-Za-z0-9_]* = .*))$")
 
-# The plugin tables of a standalone file (bow_gateway/plugin_tables.py), beside the schema's keys.
+# The plugin tables of a standalone file (bow_gateway/app/plugin_tables.py), beside the schema's
+# keys.
 PLUGIN_TABLES = {
     "middlewares": {"version", "create_criteria_from_listener_details", "options"},
     "inbounds": {

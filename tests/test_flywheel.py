@@ -16,7 +16,7 @@ from bow_gateway.middlewares.claims import criteria_from_claim
 from bow_gateway.outbounds.jwt import JwtOutbound
 
 from bow_gateway import Bow
-from bow_gateway.outbound import flywheel
+from bow_gateway.outbound.protocols import flywheel
 
 from .flywheel_client import FlywheelClient
 from .support import PATH, SECRET, Gateway, base_config, metric, token

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import pytest
 
 from bow_gateway import Bow
-from bow_gateway.gc_freeze import freeze_after_connects, release_closed_transports
+from bow_gateway.runtime.gc_freeze import freeze_after_connects, release_closed_transports
 
 from .support import Listener, base_config, standard_bow, token, until
 

@@ -18,7 +18,7 @@ from bow_gateway.middlewares.claims import criteria_from_claim
 from bow_gateway.outbounds.jwt import JwtOutbound
 
 from bow_gateway import Bow
-from bow_gateway.outbound import gobbler
+from bow_gateway.outbound.protocols import gobbler
 
 from .gobbler_client import GobblerClient, GobblerMessage
 from .support import AUTH, PATH, SECRET, Gateway, base_config, metric, token

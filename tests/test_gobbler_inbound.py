@@ -15,8 +15,8 @@ from bow_gateway.middlewares.claims import criteria_from_claim
 from bow_gateway.outbounds.jwt import JwtOutbound
 
 from bow_gateway import Bow
-from bow_gateway.message import MessageEvent, decode_event
-from bow_gateway.publication import Publication
+from bow_gateway.core.message import MessageEvent, decode_event
+from bow_gateway.core.publication import Publication
 
 from .redis_server import RedisServer
 from .support import AUTH, SECRET, base_config

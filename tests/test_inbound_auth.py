@@ -1,6 +1,6 @@
-"""Basic Auth route by route (bow_gateway/inbound_auth.py): every route of the app, whichever
-code path added it, refuses a request without the inbounds' credentials but the open ones, and
-what no route takes is refused the same way before its 404 or 405."""
+"""Basic Auth route by route (bow_gateway/ingress/inbound_auth.py): every route of the app,
+whichever code path added it, refuses a request without the inbounds' credentials but the open
+ones, and what no route takes is refused the same way before its 404 or 405."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from aiohttp import web
 from bow_gateway.inbounds.passthrough import create_message_from_request_body
 
 from bow_gateway import Bow
-from bow_gateway.inbound_auth import BasicAuth, FailedAttempts, client_address
+from bow_gateway.ingress.inbound_auth import BasicAuth, FailedAttempts, client_address
 
 from .support import AUTH, PASSWORD, PATH, REALM, USER, base_config, standard_bow
 

@@ -15,8 +15,8 @@ from bow_gateway.middlewares.claims import criteria_from_claim
 from bow_gateway.outbounds.jwt import JwtOutbound
 
 from bow_gateway import Bow, InboundRequest
+from bow_gateway.app.standalone import build_bow, load_settings
 from bow_gateway.cli.serve import tour
-from bow_gateway.standalone import build_bow, load_settings
 
 from .support import AUTH, SECRET, base_config
 from .test_batches import Listener

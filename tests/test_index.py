@@ -7,8 +7,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bow_gateway.criteria import validate_criteria
-from bow_gateway.index import CriteriaIndex
+from bow_gateway.core.criteria import validate_criteria
+from bow_gateway.core.index import CriteriaIndex
 
 # Few keys and values, so that random audiences often match something.
 keys = st.sampled_from(["role", "blogId", "admin", "tag", "__id"])

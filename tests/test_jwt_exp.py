@@ -11,7 +11,7 @@ import jwt
 import pytest
 from bow_gateway.outbounds.jwt import JwtOutbound, mint
 
-from bow_gateway.codes import TokenExpired
+from bow_gateway.core.codes import TokenExpired
 
 from .support import SECRET
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from bow_gateway.outbounds.jwt import JwtOutbound, mint
 
+from bow_gateway.app.standalone import load_settings
+from bow_gateway.app.standalone_defaults import DEV_JWT_SECRET
 from bow_gateway.cli import main
-from bow_gateway.standalone import load_settings
-from bow_gateway.standalone_defaults import DEV_JWT_SECRET
 
 from .support import SECRET, jwt_config_file
 

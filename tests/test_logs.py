@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import pytest
 
-from bow_gateway.logs import configure_logging
+from bow_gateway.runtime.logs import configure_logging
 
 from .support import AUTH, PASSWORD, PATH, SECRET, Listener, token
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bow_gateway.message import (
+from bow_gateway.core.message import (
     CriteriaEvent,
     Message,
     MessageEvent,
@@ -20,8 +20,8 @@ from bow_gateway.message import (
     parse_json,
     validate_message,
 )
-from bow_gateway.names import name_error
-from bow_gateway.publication import Publication
+from bow_gateway.core.names import name_error
+from bow_gateway.core.publication import Publication
 
 scalars = st.one_of(
     st.booleans(),

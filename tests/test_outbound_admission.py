@@ -10,7 +10,7 @@ from pathlib import Path
 from .test_import_graph import modules
 
 ADMISSION = "bow_gateway.outbound.admission"
-INDEX = "bow_gateway.index"
+INDEX = "bow_gateway.core.index"
 
 
 def indexing_calls(path: Path) -> list[int]:

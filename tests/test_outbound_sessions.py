@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from bow_gateway.backplanes import BackplaneUnavailable, MemoryBackplane
+from bow_gateway.core.plugins import OutboundPlugin
 from bow_gateway.outbound.connection import Connection
 from bow_gateway.outbound.sessions import Sessions
-from bow_gateway.plugins import OutboundPlugin
 
 PLUGIN = OutboundPlugin("v1", lambda token: {"id": token}, "v1")
 

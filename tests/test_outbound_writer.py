@@ -13,7 +13,7 @@ import pytest
 
 from bow_gateway.outbound.connection import Connection
 from bow_gateway.outbound.writer import Writer
-from bow_gateway.seams import websocket_frame
+from bow_gateway.wire.frames import websocket_frame
 
 
 class CountingTransport:

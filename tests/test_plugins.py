@@ -1,4 +1,4 @@
-"""The plugin contract (bow_gateway.plugins): what the capability protocols recognise, what the
+"""The plugin contract (bow_gateway.core.plugins): what the capability protocols recognise, what the
 public API exports, and the one ``module:attribute`` resolver."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from bow_gateway.middlewares.precomputed import PrecomputedCriteria
 from bow_gateway.outbounds.jwt import JwtOutbound
 
 import bow_gateway
-from bow_gateway.plugins import AsyncClosable, WatchesCriteria, resolve
+from bow_gateway.core.plugins import AsyncClosable, WatchesCriteria, resolve
 
 from .support import SECRET
 

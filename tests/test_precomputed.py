@@ -17,7 +17,7 @@ import pytest
 import redis
 from bow_gateway.middlewares.precomputed import PrecomputedCriteria
 
-from bow_gateway.criteria_snapshot import (
+from bow_gateway.core.criteria_snapshot import (
     Layout,
     Live,
     bucket_count,
@@ -311,7 +311,7 @@ async def test_redis_from_the_environment_and_a_fallback_by_name(
 
 
 async def test_the_standalone_configuration_builds_it(server: RedisServer, tmp_path: Any) -> None:
-    from bow_gateway.standalone import build_bow, load_settings
+    from bow_gateway.app.standalone import build_bow, load_settings
 
     path = tmp_path / "gateway.toml"
     path.write_text(

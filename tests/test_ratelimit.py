@@ -1,4 +1,4 @@
-"""Rate limits (bow_gateway/ratelimit.py): the token bucket and the log filter."""
+"""Rate limits (bow_gateway/runtime/ratelimit.py): the token bucket and the log filter."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from bow_gateway.ratelimit import LogRateLimit, TokenBucket
+from bow_gateway.runtime.ratelimit import LogRateLimit, TokenBucket
 
 
 def test_a_bucket_gives_its_burst_then_refuses() -> None:

@@ -15,10 +15,10 @@ import pytest
 from bow_gateway.middlewares.precomputed import PrecomputedCriteria
 
 from bow_gateway import Bow
-from bow_gateway.criteria_snapshot import Layout, Live
+from bow_gateway.core.criteria_snapshot import Layout, Live
 from bow_gateway.job.store import SnapshotStore
 from bow_gateway.job.writer import HSET, write_partition
-from bow_gateway.redis_client import (
+from bow_gateway.runtime.redis_client import (
     RedisSettings,
     check_settings,
     describe,

@@ -24,8 +24,8 @@ import aiohttp
 import pytest
 
 from bow_gateway import Bow
-from bow_gateway.message import Message, MessageEvent
-from bow_gateway.names import DISCONNECT
+from bow_gateway.core.message import Message, MessageEvent
+from bow_gateway.core.names import DISCONNECT
 
 from .support import (
     AUTH,

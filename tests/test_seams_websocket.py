@@ -1,6 +1,7 @@
-"""The gateway's own Engine.IO websocket (bow_gateway/seams/websocket.py, frames.py): the opening
-handshake, frames as RFC 6455 has clients send them, the close handshake, and what aiohttp lets go
-of once the connection is the gateway's. A raw TCP client writes exactly the bytes each test says.
+"""The gateway's own Engine.IO websocket (bow_gateway/seams/websocket.py, its frames
+bow_gateway/wire/frames.py): the opening handshake, frames as RFC 6455 has clients send them, the
+close handshake, and what aiohttp lets go of once the connection is the gateway's. A raw TCP client
+writes exactly the bytes each test says.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from bow_gateway import Bow
-from bow_gateway.seams.frames import unmask
+from bow_gateway.wire.frames import unmask
 
 from .support import base_config, standard_bow, token, until
 

@@ -19,7 +19,7 @@ import pytest
 from bow_gateway.outbounds.jwt import mint
 
 from bow_gateway import Bow
-from bow_gateway.outbound import sse
+from bow_gateway.outbound.protocols import sse
 
 from .support import AUTH, PATH, SECRET, WAIT, Gateway, base_config, standard_bow, token, until
 from .test_protocol2_recovery import p2_bow

@@ -15,8 +15,8 @@ import pytest
 from bow_gateway.outbounds.jwt import mint
 
 from bow_gateway import Bow
-from bow_gateway.standalone import Settings, build_bow, environment_variables, load_settings
-from bow_gateway.standalone_defaults import DEV_JWT_SECRET
+from bow_gateway.app.standalone import Settings, build_bow, environment_variables, load_settings
+from bow_gateway.app.standalone_defaults import DEV_JWT_SECRET
 
 from .support import SECRET, Listener
 

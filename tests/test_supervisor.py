@@ -1,4 +1,4 @@
-"""Background tasks under supervision (bow_gateway/supervisor.py), in a real gateway."""
+"""Background tasks under supervision (bow_gateway/runtime/supervisor.py), in a real gateway."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from bow_gateway import Bow
 from bow_gateway.backplanes import Entry, Gap, MemoryBackplane
-from bow_gateway.supervisor import Supervisor
+from bow_gateway.runtime.supervisor import Supervisor
 
 from .support import AUTH, PATH, Listener, base_config, read_metric, standard_bow, token
 

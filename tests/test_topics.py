@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from bow_gateway.message import validate_message
-from bow_gateway.topics import (
+from bow_gateway.core.message import validate_message
+from bow_gateway.core.topics import (
     MAX_FILTER_BYTES,
     MAX_FILTER_LEVELS,
     FilterSet,

@@ -19,8 +19,8 @@ import aiohttp
 import pytest
 
 from bow_gateway import Bow
+from bow_gateway.core.topics import TopicIndex, filter_matches, parse_filter
 from bow_gateway.outbound.connection import Connection
-from bow_gateway.topics import TopicIndex, filter_matches, parse_filter
 
 from .flywheel_client import FlywheelClient
 from .gobbler_client import GobblerClient

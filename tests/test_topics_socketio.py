@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from bow_gateway import Bow
-from bow_gateway.topics import TopicIndex
+from bow_gateway.core.topics import TopicIndex
 
 from .support import AUTH, PATH, WAIT, Gateway, base_config, token, until
 from .test_protocol2_recovery import BLOG_42, P2, P2Gateway, p2_bow

@@ -14,7 +14,7 @@ from bow_gateway.middlewares.claims import criteria_from_claim
 from bow_gateway.outbounds.jwt import JwtOutbound
 
 from bow_gateway import Bow
-from bow_gateway.standalone import build_bow, load_settings
+from bow_gateway.app.standalone import build_bow, load_settings
 
 from .support import SECRET, Listener, base_config, jwt_config_file, standard_bow, token
 

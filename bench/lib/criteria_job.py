@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from bow_gateway.criteria_snapshot import Layout, Live
+from bow_gateway.core.criteria_snapshot import Layout, Live
 from lib import machine, proc
 
 NAMESPACE = "bench"

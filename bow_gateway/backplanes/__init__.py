@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Backplane, BackplaneUnavailable, Entry, Gap, Retention, Stored
+from ..core.retention import Retention
+from .base import Backplane, BackplaneUnavailable, Entry, Gap, Stored
 from .memory import MemoryBackplane
 
 __all__ = [

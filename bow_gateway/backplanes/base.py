@@ -12,6 +12,8 @@ import abc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+from ..core.retention import Retention
+
 
 class BackplaneUnavailable(Exception):
     """The backplane cannot take an event now; the inbound answers 503 with ``Retry-After``."""
@@ -35,16 +37,6 @@ class Gap:
 
     position: str  # live delivery continues after it
     reason: str  # "epoch_changed" | "trimmed"
-
-
-@dataclass(frozen=True, slots=True)
-class Retention:
-    """Keep an event in its topic's history too (``clients.md`` section 14): at most
-    ``max_count`` events of the topic, none older than ``max_age`` seconds."""
-
-    topic: str
-    max_count: int
-    max_age: float
 
 
 @dataclass(frozen=True, slots=True)

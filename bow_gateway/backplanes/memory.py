@@ -11,7 +11,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final
 
-from .base import Backplane, BackplaneUnavailable, Entry, Gap, Retention, Stored, with_sequence
+from ..core.retention import Retention
+from .base import Backplane, BackplaneUnavailable, Entry, Gap, Stored, with_sequence
 
 _POSITION: Final = re.compile(r"([0-9a-z]{1,32})\.[0-9a-f]{12}\.([0-9]{1,20})")
 TAG_BYTES: Final = 6  # random bytes of a position's tag (12 hex digits)

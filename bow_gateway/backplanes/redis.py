@@ -26,7 +26,8 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from ..redis_client import RedisSettings, describe, redis_client
+from ..core.retention import Retention
+from ..runtime.redis_client import RedisSettings, describe, redis_client
 from .base import (
     EPOCH_CHANGED,
     TRIMMED,
@@ -34,7 +35,6 @@ from .base import (
     BackplaneUnavailable,
     Entry,
     Gap,
-    Retention,
     Stored,
 )
 from .redis_ids import (
@@ -72,8 +72,8 @@ class _Stopped(Exception):
 class RedisBackplane(Backplane):
     """Every instance of the gateway appends to, and reads, the same Redis Stream.
 
-    ``redis``: the settings :func:`bow_gateway.redis_client.redis_client` takes (a URL, a dict of
-    redis-py connection settings, Sentinel's, or a list of cluster nodes).
+    ``redis``: the settings :func:`bow_gateway.runtime.redis_client.redis_client` takes (a URL, a
+    dict of redis-py connection settings, Sentinel's, or a list of cluster nodes).
     """
 
     def __init__(

@@ -11,7 +11,7 @@ import secrets
 from collections import deque
 from typing import Any, TypeAlias
 
-from .base import Retention
+from ..core.retention import Retention
 from .redis_ids import as_text
 from .redis_scripts import Scripts
 

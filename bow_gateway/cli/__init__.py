@@ -16,8 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from .. import __version__
-from ..job.command import add_arguments as add_criteria_job_arguments
-from ..standalone_defaults import (
+from ..app.standalone_defaults import (
     CONFIG_ENV,
     DEFAULT_INBOUND_PATH,
     DEFAULT_PORT,
@@ -27,6 +26,7 @@ from ..standalone_defaults import (
     DEV_JWT_SECRET,
     JWT_SECRET_ENV,
 )
+from ..job.command import add_arguments as add_criteria_job_arguments
 from .common import (
     DEFAULT_URL,
     EXAMPLE_AUDIENCE,
@@ -353,7 +353,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve_epilog() -> str:
-    from ..standalone import environment_variables
+    from ..app.standalone import environment_variables
 
     return (
         "Environment: every setting can come from a variable, which overrides the file:\n"

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ..standalone_defaults import DEV_JWT_SECRET, JWT_SECRET_ENV
+from ..app.standalone_defaults import DEV_JWT_SECRET, JWT_SECRET_ENV
 from .common import EXAMPLE_CRITERIA, UsageError
 
 # -- token --------------------------------------------------------------------------------------

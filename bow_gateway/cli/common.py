@@ -8,7 +8,7 @@ import asyncio
 import signal
 from typing import Final
 
-from ..standalone_defaults import DEFAULT_PORT
+from ..app.standalone_defaults import DEFAULT_PORT
 
 DEFAULT_URL: Final = f"http://127.0.0.1:{DEFAULT_PORT}"
 PASSWORD_ENV: Final = "BOW_INBOUND_PASSWORD"

@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from ..standalone_defaults import DEFAULT_VERSION
+from ..app.standalone_defaults import DEFAULT_VERSION
 from .clients import json_object, mint, signing_secret
 from .common import UsageError, counted, positive_int
 from .listening import Plan

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .. import codes
+from ..core import codes
 from .common import StdoutClosed
 
 PROTOCOLS: Final = ("socketio", "flywheel", "sse")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Final
 from urllib.parse import quote
 
-from ..standalone_defaults import DEFAULT_INBOUND_PATH, DEFAULT_USERNAME, DEV_INBOUND_PASSWORD
+from ..app.standalone_defaults import DEFAULT_INBOUND_PATH, DEFAULT_USERNAME, DEV_INBOUND_PASSWORD
 from .clients import json_value
 from .common import (
     EXAMPLE_AUDIENCE,

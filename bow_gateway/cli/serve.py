@@ -11,12 +11,9 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from ..backplanes import BackplaneUnavailable
-from ..enrichers import EnricherInitError
-from ..logs import configure_logging
-from ..server import Bow
-from ..standalone import Settings, build_bow, load_settings
-from ..standalone_defaults import (
+from ..app.server import Bow
+from ..app.standalone import Settings, build_bow, load_settings
+from ..app.standalone_defaults import (
     DEFAULT_INBOUND_PATH,
     DEFAULT_USERNAME,
     DEFAULT_VERSION,
@@ -24,7 +21,10 @@ from ..standalone_defaults import (
     DEV_JWT_SECRET,
     JWT_SECRET_ENV,
 )
-from ..workers import run_workers, worker_settings
+from ..app.workers import run_workers, worker_settings
+from ..backplanes import BackplaneUnavailable
+from ..core.enrichers import EnricherInitError
+from ..runtime.logs import configure_logging
 from .common import (
     DEFAULT_URL,
     EXAMPLE_AUDIENCE,

@@ -5,6 +5,6 @@
 before anything is written, :mod:`.writer` sends them from the executors (:mod:`.writing` runs
 the writers and keeps the state of incremental runs), :mod:`.store` keeps the snapshots, the lock
 and the switch. The Redis layout it writes
-is :mod:`bow_gateway.criteria_snapshot`, which the gateway's middleware reads. Importing this
+is :mod:`bow_gateway.core.criteria_snapshot`, which the gateway's middleware reads. Importing this
 package imports neither PySpark nor redis-py.
 """

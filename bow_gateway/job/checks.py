@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import DataType
 
-    from ..criteria_snapshot import Live
+    from ..core.criteria_snapshot import Live
     from .config import JobConfig
 
 

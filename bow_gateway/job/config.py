@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from ..redis_client import RedisSettings, check_settings
+from ..runtime.redis_client import RedisSettings, check_settings
 
 FORMATS: Final = ("jdbc", "parquet", "csv", "json")
 DEFAULT_REDIS_ENV: Final = "BOW_REDIS_URL"

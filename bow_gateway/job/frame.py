@@ -30,8 +30,8 @@ from pyspark.sql.types import (
     StringType,
 )
 
-from ..criteria import ID_KEY
-from ..criteria_snapshot import Codes
+from ..core.criteria import ID_KEY
+from ..core.criteria_snapshot import Codes
 
 ID_COLUMN: Final = "id"
 _INTEGRAL: Final = (ByteType, ShortType, IntegerType, LongType)
@@ -307,7 +307,8 @@ def _bulk(text: Column) -> Column:
 
 
 def bucket_of(field: Column, buckets: int) -> Column:
-    """``crc32(field) mod buckets``, as :func:`bow_gateway.criteria_snapshot.bucket_of` does."""
+    """``crc32(field) mod buckets``, as :func:`bow_gateway.core.criteria_snapshot.bucket_of`
+    does."""
     return F.pmod(F.crc32(field.cast("binary")), F.lit(buckets))
 
 

@@ -2,9 +2,10 @@
 
 The inputs of the job file become Spark SQL views; one query returns a row per listener (an ``id``
 column and one column per criterion); the executors write the rows to Redis in the layout of
-:mod:`bow_gateway.criteria_snapshot`, pipelined, as a new snapshot that goes live with one ``SET``
-and a notification. ``--incremental`` diffs each listener's criteria against the previous run's
-digests (Parquet, in ``snapshot.state_dir``) and writes only what changed into the live snapshot.
+:mod:`bow_gateway.core.criteria_snapshot`, pipelined, as a new snapshot that goes live with one
+``SET`` and a notification. ``--incremental`` diffs each listener's criteria against the previous
+run's digests (Parquet, in ``snapshot.state_dir``) and writes only what changed into the live
+snapshot.
 
 Its command line is :mod:`.command`; the Spark session and filesystem are :mod:`.spark`.
 """
@@ -16,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from ..criteria_snapshot import Codes, Layout, Live, bucket_count
-from ..redis_client import describe, sync_redis_client
+from ..core.criteria_snapshot import Codes, Layout, Live, bucket_count
+from ..runtime.redis_client import describe, sync_redis_client
 from .checks import (
     ENTRY_FRAMING,
     cached,

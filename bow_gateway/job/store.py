@@ -19,8 +19,8 @@ from typing import Any, Final
 
 import redis
 
-from ..criteria_snapshot import Layout, Live, snapshot_message
-from ..redis_client import SyncClient
+from ..core.criteria_snapshot import Layout, Live, snapshot_message
+from ..runtime.redis_client import SyncClient
 
 logger = logging.getLogger(__name__)
 

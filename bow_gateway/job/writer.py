@@ -8,7 +8,7 @@ rows beforehand, so a bucket may get one ``HSET`` from each partition that holds
 listeners.
 
 Self-contained on purpose (redis-py, pyarrow and numpy only): the job ships this module and
-:mod:`bow_gateway.redis_client` to the executors by value (cloudpickle), so that they need
+:mod:`bow_gateway.runtime.redis_client` to the executors by value (cloudpickle), so that they need
 neither the gateway nor its dependencies, and a Python worker starts without importing them.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
-from ..redis_client import RedisSettings, sync_redis_client
+from ..runtime.redis_client import RedisSettings, sync_redis_client
 
 if TYPE_CHECKING:
     import pyarrow

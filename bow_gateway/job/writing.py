@@ -42,7 +42,7 @@ def write_rows(
     from pyspark import cloudpickle
     from pyspark.sql import functions as F
 
-    from .. import redis_client as redis_client_module
+    from ..runtime import redis_client as redis_client_module
     from . import writer as writer_module
     from .writer import STATS, write_partition
 

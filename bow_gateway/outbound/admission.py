@@ -17,12 +17,18 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import codes
-from ..codes import TokenExpired
-from ..criteria import ID_KEY, Criteria, ListenerId, validate_criteria, validate_listener_details
-from ..message import CriteriaEvent
-from ..plugins import OutboundPlugin, WatchesCriteria
-from ..userfn import call_user_function, describe
+from ..core import codes
+from ..core.codes import TokenExpired
+from ..core.criteria import (
+    ID_KEY,
+    Criteria,
+    ListenerId,
+    validate_criteria,
+    validate_listener_details,
+)
+from ..core.message import CriteriaEvent
+from ..core.plugins import OutboundPlugin, WatchesCriteria
+from ..runtime.userfn import call_user_function, describe
 from .connection import Connection, logger
 from .expiry import Expiry, Refusal
 from .parts import Sockets

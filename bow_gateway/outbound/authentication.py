@@ -13,8 +13,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .. import codes
-from ..history import History
+from ..core import codes
+from ..core.history import History
 from . import codec
 from .admission import Admission
 from .connection import Connection

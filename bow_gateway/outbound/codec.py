@@ -7,9 +7,9 @@ from __future__ import annotations
 import abc
 from typing import Any, Final, Protocol
 
-from ..codes import Code
-from ..message import Message, MessageEvent, dumps
-from ..seams import websocket_frame
+from ..core.codes import Code
+from ..core.message import Message, MessageEvent, dumps
+from ..wire.frames import websocket_frame
 
 POSITION_EVENT: Final = "__position"
 GAP_EVENT: Final = "__gap"

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..criteria import ListenerId
-from ..index import IndexKey
-from ..plugins import OutboundPlugin
-from ..ratelimit import TokenBucket, rate_limited
+from ..core.criteria import ListenerId
+from ..core.index import IndexKey
+from ..core.plugins import OutboundPlugin
+from ..runtime.ratelimit import TokenBucket, rate_limited
 from ..seams import LeanSocket
 from .codec import Codec, socketio_codec
 

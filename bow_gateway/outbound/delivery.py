@@ -11,13 +11,13 @@ import asyncio
 import time
 from typing import Any, Final
 
-from .. import codes
-from ..criteria import ID_KEY, ListenerId
-from ..index import Query
-from ..message import CriteriaEvent, Event, KickEvent, MessageEvent, SetCriteriaEvent
-from ..names import DISCONNECT, session_of
+from ..core import codes
+from ..core.criteria import ID_KEY, ListenerId
+from ..core.index import Query
+from ..core.message import CriteriaEvent, Event, KickEvent, MessageEvent, SetCriteriaEvent
+from ..core.names import DISCONNECT, session_of
+from ..core.topics import is_system_name
 from ..seams.prometheus import StepCounter, StepHistogram
-from ..topics import is_system_name
 from . import codec
 from .codec import Codec, Encoded
 from .connection import Connection, logger

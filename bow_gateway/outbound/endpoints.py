@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Final
 
 from aiohttp import WSMessage, WSMsgType, hdrs, web
 
-from .. import codes
-from ..codes import Code
-from ..plugins import OutboundPlugin
-from ..ratelimit import TokenBucket
+from ..core import codes
+from ..core.codes import Code
+from ..core.plugins import OutboundPlugin
+from ..runtime.ratelimit import TokenBucket
 from ..seams.transport import INCOMING_BURST, INCOMING_RATE
 from .connection import Connection, logger
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Final
 
-from .. import codes
+from ..core import codes
 from .connection import Connection
 from .parts import Sockets
 

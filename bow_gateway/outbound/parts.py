@@ -6,13 +6,13 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Protocol
 
-from ..codes import Code
-from ..history import History
-from ..index import CriteriaIndex
-from ..message import Event
-from ..metrics import Metrics
-from ..plugins import CreateCriteriaFromListenerDetails
-from ..topics import TopicIndex
+from ..core.codes import Code
+from ..core.history import History
+from ..core.index import CriteriaIndex
+from ..core.message import Event
+from ..core.plugins import CreateCriteriaFromListenerDetails
+from ..core.topics import TopicIndex
+from ..runtime.metrics import Metrics
 from .connection import Connection, Settings
 from .sessions import Sessions
 from .writer import Writer

@@ -11,10 +11,10 @@ from functools import partial
 from typing import Any
 
 from ..backplanes import BackplaneUnavailable
-from ..enrichers import EnricherRefused, EnricherTimeout
-from ..message import Message, MessageEvent, event_bytes, validate_message
-from ..plugins import OutboundPlugin
-from ..userfn import call_user_function, describe
+from ..core.enrichers import EnricherRefused, EnricherTimeout
+from ..core.message import Message, MessageEvent, event_bytes, validate_message
+from ..core.plugins import OutboundPlugin
+from ..runtime.userfn import call_user_function, describe
 
 Published = Callable[[list[MessageEvent]], Awaitable[list[tuple[str, int | None]]]]
 """Events to the backplane: each one's position and, where its topic keeps a history, sequence."""

@@ -6,11 +6,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..criteria import Criteria, ListenerId
-from ..history import DISABLED, Kept, Recovery
-from ..index import entries_of, matches
-from ..message import Message
-from ..topics import FilterSet
+from ..core.criteria import Criteria, ListenerId
+from ..core.history import DISABLED, Kept, Recovery
+from ..core.index import entries_of, matches
+from ..core.message import Message
+from ..core.topics import FilterSet
 from .codec import Codec
 from .connection import Connection
 from .parts import Sockets

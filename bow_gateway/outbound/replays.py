@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Final
 
-from .. import codes
-from ..names import GATEWAY_PREFIX
-from ..topics import is_system_name
+from ..core import codes
+from ..core.names import GATEWAY_PREFIX
+from ..core.topics import is_system_name
 from . import codec
 from .connection import Connection, logger
 from .parts import Sockets

@@ -20,8 +20,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Final
 
 from ..backplanes.base import BackplaneUnavailable
-from ..message import dumps
-from ..seams import websocket_frame
+from ..core.message import dumps
+from ..wire.frames import websocket_frame
 from .connection import Connection, logger  # rate-limited: an outage is one line per session
 
 ANONYMOUS: Final = "anonymous"  # a listener id's owner is its JSON: never this

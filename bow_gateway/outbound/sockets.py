@@ -15,18 +15,18 @@ from urllib.parse import parse_qs
 
 import socketio
 
-from .. import codes
-from ..codes import Code
-from ..criteria import ListenerId
-from ..history import History
-from ..index import CriteriaIndex
-from ..message import (
+from ..core import codes
+from ..core.codes import Code
+from ..core.criteria import ListenerId
+from ..core.history import History
+from ..core.index import CriteriaIndex
+from ..core.message import (
     Event,
 )
-from ..metrics import Metrics
-from ..plugins import CreateCriteriaFromListenerDetails, OutboundPlugin
+from ..core.plugins import CreateCriteriaFromListenerDetails, OutboundPlugin
+from ..core.topics import TopicIndex
+from ..runtime.metrics import Metrics
 from ..seams import LeanSocket, socketio_server
-from ..topics import TopicIndex
 from .admission import Admission
 from .authentication import Authenticator
 from .connection import Connection, Settings, logger

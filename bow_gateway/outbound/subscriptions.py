@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Collection, Hashable
 from typing import Any, Final
 
-from .. import codes
-from ..topics import TopicIndex, parse_filter
+from ..core import codes
+from ..core.topics import TopicIndex, parse_filter
 from . import codec
 from .connection import Connection, logger
 from .parts import Sockets

@@ -6,7 +6,7 @@ last ``-start``); at most ``max_count`` are replayed. The history is read a chun
 replay never holds it all; messages past their rule's ``max_age``, of another middleware version,
 or whose audience the connection's criteria of now do not match are skipped. A chunk is decoded
 and filtered in slices that take turns with the event loop and the other replays and recoveries
-(:class:`~bow_gateway.history.Lane`), and each connection, and each listener id on the
+(:class:`~bow_gateway.core.history.Lane`), and each connection, and each listener id on the
 instance, may start ``recovery.max_replays_per_minute`` replays a minute (:class:`ReplayLimit`).
 """
 
@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from typing import Final
 
 from ..backplanes import Stored
-from ..index import matches
-from ..message import MessageEvent, decode_event
-from ..ratelimit import TokenBucket
-from ..retention import Retentions
+from ..core.index import matches
+from ..core.message import MessageEvent, decode_event
+from ..core.retention import Retentions
+from ..runtime.ratelimit import TokenBucket
 from .connection import Connection
 from .parts import Sockets
 

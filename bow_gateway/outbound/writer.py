@@ -20,7 +20,7 @@ from collections.abc import Callable
 from socket import AF_INET, AF_INET6, SO_SNDBUF, SOL_SOCKET
 from typing import Final
 
-from ..criteria import ListenerId
+from ..core.criteria import ListenerId
 from .connection import Connection
 
 REPLAY_LOW_WATER: Final = 65_536  # a replay writes on while the socket buffers less than this

@@ -7,7 +7,7 @@ Everything the gateway does with their private methods and attributes lives in t
   transport without a task per packet, a guarded ``receive``, bounded polls);
 - :mod:`.websocket`: engineio's aiohttp websocket driver replaced (the server's
   ``_async["websocket"]``): the gateway answers the upgrade and takes the connection from
-  aiohttp's ``RequestHandler``, reading its frames itself (:mod:`.frames`);
+  aiohttp's ``RequestHandler``, reading its frames itself (:mod:`bow_gateway.wire.frames`);
 - :mod:`.server`: python-socketio's ``AsyncServer`` (``_handle_event``, ``_handle_eio_connect``,
   ``_handle_eio_disconnect``, ``_handle_eio_message``, ``_send_packet``) and ``AsyncManager``
   (``basic_disconnect``, ``pending_connect``) subclassed;
@@ -49,7 +49,6 @@ check_versions()
 
 from .server import Server, ServerHooks, socketio_server  # noqa: E402
 from .transport import LeanSocket, ProtocolViolation  # noqa: E402
-from .websocket import websocket_frame  # noqa: E402
 
 __all__ = [
     "WRITTEN_FOR",
@@ -59,5 +58,4 @@ __all__ = [
     "ServerHooks",
     "check_versions",
     "socketio_server",
-    "websocket_frame",
 ]

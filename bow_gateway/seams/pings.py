@@ -8,8 +8,8 @@ from typing import Any, Final, Protocol
 
 from engineio import packet as eio_packet
 
-from ..ratelimit import rate_limited
-from .websocket import websocket_frame
+from ..runtime.ratelimit import rate_limited
+from ..wire.frames import websocket_frame
 
 logger = rate_limited("bow_gateway.transport")
 

@@ -18,7 +18,7 @@ from typing import Any, Final, Protocol
 import socketio
 from socketio import packet as sio_packet
 
-from ..ratelimit import rate_limited
+from ..runtime.ratelimit import rate_limited
 from .transport import logger as transport_logger
 from .transport import make_lean
 from .websocket import WebSocketDriver

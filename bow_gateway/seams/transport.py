@@ -37,9 +37,9 @@ from engineio import packet as eio_packet
 from engineio.async_socket import AsyncSocket
 from engineio.payload import Payload
 
-from ..ratelimit import TokenBucket, rate_limited
+from ..runtime.ratelimit import TokenBucket, rate_limited
+from ..wire.frames import websocket_frame
 from .pings import PING_FRAME, PingWheel
-from .websocket import websocket_frame
 
 logger = rate_limited("bow_gateway.transport")
 

@@ -3,10 +3,10 @@
 python-engineio's aiohttp driver (``engineio.async_drivers.aiohttp.WebSocket``) is replaced in
 the server's ``_async["websocket"]`` by :class:`WebSocketDriver`: it answers the upgrade itself
 (``101``, never compression), then takes the connection from aiohttp, as the transport's
-protocol, and reads its frames (:mod:`.frames`). The request's handler then returns, and
-everything aiohttp kept for the connection (its ``RequestHandler``, the request, two tasks, a
-websocket's reader, queue and writer) and the coroutine frames of the handler chain are let go.
-An idle websocket is this driver and its transport, with no task of its own.
+protocol, and reads its frames (:mod:`bow_gateway.wire.frames`). The request's handler then
+returns, and everything aiohttp kept for the connection (its ``RequestHandler``, the request, two
+tasks, a websocket's reader, queue and writer) and the coroutine frames of the handler chain are
+let go. An idle websocket is this driver and its transport, with no task of its own.
 
 Taking the connection reaches into aiohttp 3.14's ``RequestHandler`` (:func:`_take_over`): its
 buffered tail of the upgrade request, its parser and its server's table of connections.
@@ -25,7 +25,7 @@ from aiohttp import hdrs, web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.web_request import BaseRequest
 
-from .frames import FrameReader, websocket_frame
+from ..wire.frames import FrameReader, websocket_frame
 
 __all__ = ["WebSocketDriver", "websocket_frame"]
 

@@ -62,8 +62,9 @@ class Gateway:
 
 PASSTHROUGH = "bow_gateway.inbounds.passthrough:create_message_from_request_body"
 CONFIG = f"""\
-# attack_bench.py's gateway: the embedded default (bow_gateway/standalone.py's embedded_default),
-# plus anonymous listeners, client publishes and /chat/ histories of 10,000 (issue 27's attacks).
+# attack_bench.py's gateway: the embedded default (bow_gateway/app/standalone.py's
+# embedded_default), plus anonymous listeners, client publishes and /chat/ histories of 10,000
+# (issue 27's attacks).
 [middleware]
 log_interval = 60
 

@@ -12,7 +12,7 @@
   lines ended by an empty line) and the body: published through the outbound's
   ``create_message_from_publish`` with Gobbler's fields (``#send id`` with the sequence, or
   ``!error-send id why`` with none: a refused message has no sequence). The message's name is
-  held to a client's rule (:func:`~bow_gateway.names.name_error`): no ``__`` or ``$`` name, no
+  held to a client's rule (:func:`~bow_gateway.core.names.name_error`): no ``__`` or ``$`` name, no
   comma, control, line break or empty level, which could forge what other clients read.
 
 Anything else is ``!error-bad-request``. A replay is filtered by the connection's criteria of now
@@ -22,7 +22,7 @@ past either, ``!error-bad-request`` says which, and a ``+ path start`` subscribe
 fetch is read and filtered before ``#fetch-start`` keeping only the entries it counted (its first
 messages encoded), then encoded as it is written: it never holds its frames all at once. Both
 passes go in slices that take turns with the event loop and every other replay or recovery
-(:class:`~bow_gateway.history.Lane`), however many run at once.
+(:class:`~bow_gateway.core.history.Lane`), however many run at once.
 """
 
 from __future__ import annotations
@@ -33,18 +33,18 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Final
 
-from ..backplanes import Stored
-from ..history import SLICE_ENTRIES
-from ..message import MessageEvent, decode_event, dumps
-from ..seams import websocket_frame
-from ..topics import parse_filter
-from .connection import Connection, logger
-from .publishing import PublishRefused
-from .subscriptions import owner, refusal
-from .writer import REPLAY_LOW_WATER
+from ...backplanes import Stored
+from ...core.history import SLICE_ENTRIES
+from ...core.message import MessageEvent, decode_event, dumps
+from ...core.topics import parse_filter
+from ...wire.frames import websocket_frame
+from ..connection import Connection, logger
+from ..publishing import PublishRefused
+from ..subscriptions import owner, refusal
+from ..writer import REPLAY_LOW_WATER
 
 if TYPE_CHECKING:
-    from .sockets import SocketOutbound
+    from ..sockets import SocketOutbound
 
 MAX_PATH: Final = 1_000  # characters of a path
 ENCODED_FIRST: Final = SLICE_ENTRIES  # a fetch's first messages encoded as they are read,
@@ -78,7 +78,7 @@ class Fetch:
 
 
 class Commands:
-    """Runs the commands of Gobbler connections for a :class:`~.sockets.SocketOutbound`."""
+    """Runs the commands of Gobbler connections for a :class:`SocketOutbound`."""
 
     def __init__(self, outbound: SocketOutbound, max_publishes_per_second: int = 100) -> None:
         self._outbound = outbound
@@ -321,7 +321,7 @@ def _path(text: str) -> str:
 
 def _sent_path(text: str) -> str:
     """A send's path: there, and bounded. What a message may be named is the one rule of every
-    way in (:func:`~bow_gateway.names.name_error`, a client's), checked on the name of the
+    way in (:func:`~bow_gateway.core.names.name_error`, a client's), checked on the name of the
     message the outbound's function makes of it: a refusal is ``!error-send``."""
     if not text:
         raise BadCommand("a path is missing")

@@ -48,9 +48,15 @@ from typing import Any
 
 from marshmallow import Schema, fields
 
-from .config import _ConfigSchema, _HttpsSchema, load_config
+from ..core.plugins import (
+    EnricherPlugin,
+    HealthCheck,
+    InboundPlugin,
+    MiddlewarePlugin,
+    OutboundPlugin,
+)
+from ..runtime.config import _ConfigSchema, _HttpsSchema, load_config
 from .plugin_tables import PLUGIN_KEYS, importable, naming, read_plugins
-from .plugins import EnricherPlugin, HealthCheck, InboundPlugin, MiddlewarePlugin, OutboundPlugin
 from .server import Bow
 from .standalone_defaults import (
     DEFAULT_HOST,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
 from typing import Any, Final
 
@@ -19,9 +19,8 @@ import orjson
 from aiohttp import hdrs, web
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
-from .backplanes import Backplane, BackplaneUnavailable
-from .config import Config
-from .criteria import (
+from ..backplanes import Backplane, BackplaneUnavailable
+from ..core.criteria import (
     ID_KEY,
     Criteria,
     CriterionField,
@@ -31,10 +30,11 @@ from .criteria import (
     is_listener_id,
     typed_key,
 )
+from ..core.index import Query
+from ..core.message import CountEvent, Event, KickEvent, SetCriteriaEvent, dumps, validate_message
+from ..runtime.config import Config
+from ..runtime.ratelimit import TokenBucket
 from .inbound import POSITION_HEADER, read_json, unavailable, unprocessable
-from .index import Query
-from .message import CountEvent, Event, KickEvent, SetCriteriaEvent, dumps, validate_message
-from .ratelimit import TokenBucket
 
 logger = logging.getLogger("bow_gateway.control")
 
@@ -132,13 +132,6 @@ def check_inbound_paths(paths: Iterable[str], prefix: str) -> None:
             raise ValueError(
                 f"inbound path {path!r} is under api.prefix {prefix!r}, the gateway's own endpoints"
             )
-
-
-def count_answer(result: tuple[int, Collection[ListenerId]], count_max_ids: int) -> bytes:
-    """This instance's answer to a count, from ``outbound.delivery.count(audience)``:
-    ``{"sockets": n, "ids": [...]}``, ids ``null`` when there are over ``count_max_ids``."""
-    sockets, ids = result
-    return dumps({"sockets": sockets, "ids": list(ids) if len(ids) <= count_max_ids else None})
 
 
 def summed(answers: Iterable[bytes], complete: bool, count_max_ids: int) -> dict[str, Any]:

@@ -1,14 +1,14 @@
 """Messages to the backplane: each encoded, and those a ``[[history]]`` rule keeps sent with
-their :class:`~.backplanes.Retention`, so that the backplane keeps them in their topic's history
-in the same step (one trip for a whole batch)."""
+their :class:`~bow_gateway.core.retention.Retention`, so that the backplane keeps them in their
+topic's history in the same step (one trip for a whole batch)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
 
-from .backplanes import Backplane
-from .message import MessageEvent, encode_event
-from .retention import Retentions
+from ..backplanes import Backplane
+from ..core.message import MessageEvent, encode_event
+from ..core.retention import Retentions
 
 
 class Publisher:

@@ -9,20 +9,20 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from .backplanes import Backplane
-from .config import Config
-from .control import Control, check_inbound_paths
-from .http_fast_path import FastRoute
-from .http_server import HandshakeLimits, handshake_limits
-from .inbound import Enrich, Handler, health_handler, message_handler
-from .inbound_auth import BasicAuth
-from .metrics import Metrics
-from .outbound import SocketOutbound
-from .outbound.flywheel import FlywheelEndpoint
-from .outbound.gobbler import GobblerEndpoint
-from .outbound.sse import SseEndpoint
-from .plugins import HealthCheck, InboundPlugin
-from .publisher import Publisher
+from ..backplanes import Backplane
+from ..core.plugins import HealthCheck, InboundPlugin
+from ..ingress.control import Control, check_inbound_paths
+from ..ingress.http_fast_path import FastRoute
+from ..ingress.inbound import Enrich, Handler, health_handler, message_handler
+from ..ingress.inbound_auth import BasicAuth
+from ..ingress.publisher import Publisher
+from ..outbound import SocketOutbound
+from ..outbound.protocols.flywheel import FlywheelEndpoint
+from ..outbound.protocols.gobbler import GobblerEndpoint
+from ..outbound.protocols.sse import SseEndpoint
+from ..runtime.config import Config
+from ..runtime.http_server import HandshakeLimits, handshake_limits
+from ..runtime.metrics import Metrics
 
 HEALTH_PATH: Final = "/health"
 SOCKETIO_PATH: Final = "/socket.io/"
@@ -42,9 +42,9 @@ def build_app(
     health_check: HealthCheck | None,
     serving: Callable[[], bool],
 ) -> tuple[web.Application, dict[bytes, FastRoute]]:
-    """Every route, behind the inbounds' Basic Auth (:mod:`.inbound_auth`) but for the
-    endpoints clients use; and the plain JSON inbounds, for the fast path
-    (:mod:`.http_fast_path`)."""
+    """Every route, behind the inbounds' Basic Auth (:mod:`bow_gateway.ingress.inbound_auth`) but
+    for the endpoints clients use; and the plain JSON inbounds, for the fast path
+    (:mod:`bow_gateway.ingress.http_fast_path`)."""
     open_paths = {HEALTH_PATH}
     # The clients' endpoints take a listener's token, not the inbounds' credentials
     client_paths = [

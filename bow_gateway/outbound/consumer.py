@@ -8,22 +8,22 @@ import time
 from collections.abc import Iterable
 from typing import Final
 
-from .backplanes import Backplane, Entry, Gap
-from .control import count_answer
-from .history import History
-from .index import entries_of
-from .message import (
+from ..backplanes import Backplane, Entry, Gap
+from ..core.history import History
+from ..core.index import entries_of
+from ..core.message import (
     CountEvent,
     CriteriaEvent,
     Event,
     KickEvent,
     MessageEvent,
     SetCriteriaEvent,
+    count_answer,
     decode_event,
 )
-from .metrics import Metrics
-from .outbound import SocketOutbound
-from .seams.prometheus import StepHistogram
+from ..runtime.metrics import Metrics
+from ..seams.prometheus import StepHistogram
+from . import SocketOutbound
 
 logger = logging.getLogger("bow_gateway")
 

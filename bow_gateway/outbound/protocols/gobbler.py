@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Final
 
 from aiohttp import WSMsgType, web
 
-from .. import codes
-from ..codes import Code
-from ..http_server import HandshakeLimits
-from ..message import MessageEvent, dumps
-from ..ratelimit import TokenBucket
-from ..seams import websocket_frame
-from .codec import FramedCodec, text_body
-from .connection import Connection, logger
-from .endpoints import (
+from ...core import codes
+from ...core.codes import Code
+from ...core.message import MessageEvent, dumps
+from ...runtime.http_server import HandshakeLimits
+from ...runtime.ratelimit import TokenBucket
+from ...wire.frames import websocket_frame
+from ..codec import FramedCodec, text_body
+from ..connection import Connection, logger
+from ..endpoints import (
     IncomingFrames,
     Origins,
     bearer_token,
@@ -39,11 +39,11 @@ from .endpoints import (
     take_in,
     too_busy,
 )
-from .expiry import Refusal
+from ..expiry import Refusal
 from .gobbler_commands import Commands, status
 
 if TYPE_CHECKING:
-    from .sockets import SocketOutbound
+    from ..sockets import SocketOutbound
 
 CLOSE_WAIT: Final = 1.0  # seconds a closed connection's client has to answer the close
 HEARTBEAT: Final = 25.0  # seconds without a byte from the client before aiohttp pings it
@@ -57,9 +57,9 @@ class GobblerCodec(FramedCodec):
         {body}
 
     The sequence is the message's in its topic's history (0 when no ``[[history]]`` keeps it);
-    the body is :func:`~.codec.text_body`. The headers line is always there (``{}`` without
-    headers), so that a body starting with ``{`` is never taken for it. A non-fatal alert (4100)
-    is the status message ``!refresh-required``."""
+    the body is :func:`~bow_gateway.outbound.codec.text_body`. The headers line is always there
+    (``{}`` without headers), so that a body starting with ``{`` is never taken for it. A non-fatal
+    alert (4100) is the status message ``!refresh-required``."""
 
     __slots__ = ()
 
@@ -90,7 +90,7 @@ GOBBLER: Final = GobblerCodec()
 
 
 class GobblerEndpoint:
-    """The handler of ``GET {outbound.gobbler_path}`` for a :class:`~.sockets.SocketOutbound`."""
+    """The handler of ``GET {outbound.gobbler_path}`` for a :class:`SocketOutbound`."""
 
     def __init__(
         self,
@@ -172,9 +172,9 @@ class GobblerEndpoint:
 
     async def _read(self, websocket: web.WebSocketResponse, connection: Connection) -> None:
         """Every command the client sends, one at a time, until the connection closes: at most
-        :class:`~.endpoints.IncomingFrames`' rule, pings and pongs included (4011 past it), each
-        in a step of its own, none once the client has gone (commands read and not run yet are
-        dropped with it)."""
+        :class:`~bow_gateway.outbound.endpoints.IncomingFrames`' rule, pings and pongs included
+        (4011 past it), each in a step of its own, none once the client has gone (commands read and
+        not run yet are dropped with it)."""
         incoming = IncomingFrames(self._outbound, websocket, connection)
         while (received := await incoming.next()) is not None:
             if received.type is WSMsgType.TEXT:

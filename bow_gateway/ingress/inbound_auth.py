@@ -26,7 +26,7 @@ from aiohttp import BasicAuth as Credentials
 from aiohttp import hdrs, web
 from yarl import URL
 
-from .ratelimit import TokenBucket
+from ..runtime.ratelimit import TokenBucket
 
 logger = logging.getLogger("bow_gateway.inbound")
 

@@ -1,4 +1,4 @@
-"""The gateway's WebSocket frame parser (bow_gateway/seams/frames.py) byte by byte, against RFC 6455
+"""The gateway's WebSocket frame parser (bow_gateway/wire/frames.py) byte by byte, against RFC 6455
 section 5 (and 7.4 for close codes): a FrameReader on one end of a real socket pair is fed bytes
 directly, and what it writes back is read on the other end, as the client would.
 """
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from bow_gateway.seams.frames import MAX_BUFFERED, FrameReader, unmask
+from bow_gateway.wire.frames import MAX_BUFFERED, FrameReader, unmask
 
 LIMIT = 16_384  # the gateway's default outbound.max_incoming_bytes (its max_http_buffer_size)
 MASK = bytes.fromhex("37fa213d")  # RFC 6455 section 5.7's example mask

@@ -16,18 +16,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from .. import codes
-from ..backplanes.base import BackplaneUnavailable
-from ..message import dumps, parse_json
-from ..publication import forbidden_character
-from ..seams import websocket_frame
-from ..topics import SYSTEM_PREFIX, parse_filter
-from .connection import Connection, logger
-from .expiry import Refusal
-from .subscriptions import owner, refusal
+from ...backplanes.base import BackplaneUnavailable
+from ...core import codes
+from ...core.message import dumps, parse_json
+from ...core.publication import forbidden_character
+from ...core.topics import SYSTEM_PREFIX, parse_filter
+from ...wire.frames import websocket_frame
+from ..connection import Connection, logger
+from ..expiry import Refusal
+from ..subscriptions import owner, refusal
 
 if TYPE_CHECKING:
-    from .sockets import SocketOutbound
+    from ..sockets import SocketOutbound
 
 NO_MESSAGE_ID: Final = "00000000-0000-0000-0000-000000000000"
 MAX_SESSION_ID: Final = 128  # characters of a sessionId: it is a topic level of $remote names
@@ -101,12 +101,13 @@ class Binder:
 
     async def _session(self, connection: Connection, session: Any, errors: list[Error]) -> None:
         """Bind ``session`` (the bind's ``sessionId``, when new), then check the one held: a
-        session id is held by one identity at a time on every instance (:mod:`.sessions`), the
-        listener id that bound it (or anonymous connections), so that another cannot read its
-        ``$remote/{sessionId}/rx/...``. A bind with one another identity holds is refused
-        (``General``), the session held so far kept; a connection whose identity changed
-        (anonymous to an id) while another holds its session lets it go. When the backplane
-        cannot say who holds it, the session is refused (``General``) all the same."""
+        session id is held by one identity at a time on every instance
+        (:mod:`bow_gateway.outbound.sessions`), the listener id that bound it (or anonymous
+        connections), so that another cannot read its ``$remote/{sessionId}/rx/...``. A bind with
+        one another identity holds is refused (``General``), the session held so far kept; a
+        connection whose identity changed (anonymous to an id) while another holds its session lets
+        it go. When the backplane cannot say who holds it, the session is refused (``General``) all
+        the same."""
         if session is not None and session != connection.session:
             if (
                 not isinstance(session, str)

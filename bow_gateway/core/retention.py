@@ -2,8 +2,9 @@
 ``history`` setting, a list of MQTT filters each with a ``max_count`` and a ``max_age``.
 
 A message whose name matches a filter (the first that does) is kept under its name, its topic,
-with a sequence distinct and increasing within the topic (:mod:`.backplanes`). The answer for
-each name is remembered: names repeat.
+with a sequence distinct and increasing within the topic (:mod:`bow_gateway.backplanes`): a
+:class:`Retention` goes with the message to the backplane. The answer for each name is
+remembered: names repeat.
 """
 
 from __future__ import annotations
@@ -13,10 +14,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .backplanes import Retention
 from .topics import filter_matches, parse_filter
 
 MAX_REMEMBERED: Final = 10_000  # names whose answer is remembered (then forgotten at once)
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """Keep an event in its topic's history too (``clients.md`` section 14): at most
+    ``max_count`` events of the topic, none older than ``max_age`` seconds."""
+
+    topic: str
+    max_count: int
+    max_age: float
 
 
 @dataclass(frozen=True)

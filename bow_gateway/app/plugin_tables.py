@@ -1,7 +1,7 @@
 """The plugin tables of a standalone config file (``[[middlewares]]``, ``[[inbounds]]``,
 ``[[outbounds]]``, ``[[enrichers]]``, ``health_check``): checked, their ``module:attr``
 references resolved (with ``options``, ``attr(**options)``), plugin modules found beside the file
-too; used by :mod:`bow_gateway.standalone`."""
+too; used by :mod:`bow_gateway.app.standalone`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
-from .plugins import (
+from ..core.plugins import (
     EnricherPlugin,
     HealthCheck,
     InboundPlugin,

@@ -9,7 +9,7 @@ criteria changes cross the backplane: small JSON documents, encoded once where t
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
@@ -331,3 +331,10 @@ def decode_event(data: bytes) -> Event:
     if "x" in document:
         return KickEvent(document["x"], document["r"], document["a"])
     return CountEvent(document["q"], document["a"])
+
+
+def count_answer(result: tuple[int, Collection[ListenerId]], count_max_ids: int) -> bytes:
+    """This instance's answer to a count, from ``outbound.delivery.count(audience)``:
+    ``{"sockets": n, "ids": [...]}``, ids ``null`` when there are over ``count_max_ids``."""
+    sockets, ids = result
+    return dumps({"sockets": sockets, "ids": list(ids) if len(ids) <= count_max_ids else None})

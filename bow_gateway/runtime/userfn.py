@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from .plugins import PluginFunction
+from ..core.plugins import PluginFunction
 
 
 async def call_user_function(function: PluginFunction, argument: Any, timeout: float) -> Any:

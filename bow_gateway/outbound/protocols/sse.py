@@ -1,11 +1,11 @@
 """The Server-Sent Events outbound (``clients.md`` section 13): ``GET {outbound.sse_path}``.
 
-A stream is a :class:`~.connection.Connection` of the :class:`SseCodec`, authenticated once (no
-re-authentication), held in the index like a protocol-2 socket (criteria, topic filters, the
-per-id limits of sockets and of bytes waiting, the anonymous limit, kicks, counts), and written
-to by delivery like any other: each message is encoded once per codec, chunk framing included,
-and the same bytes go straight to every stream's transport. Refusals before the stream are
-JSON ``{"code", "reason", "reconnect"}``.
+A stream is a :class:`~bow_gateway.outbound.connection.Connection` of the :class:`SseCodec`,
+authenticated once (no re-authentication), held in the index like a protocol-2 socket (criteria,
+topic filters, the per-id limits of sockets and of bytes waiting, the anonymous limit, kicks,
+counts), and written to by delivery like any other: each message is encoded once per codec, chunk
+framing included, and the same bytes go straight to every stream's transport. Refusals before the
+stream are JSON ``{"code", "reason", "reconnect"}``.
 """
 
 from __future__ import annotations
@@ -19,22 +19,22 @@ from typing import TYPE_CHECKING, Any, Final
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
 
-from .. import codes
-from ..codes import Code
-from ..criteria import ListenerId
-from ..http_server import HandshakeLimits
-from ..message import MessageEvent, dumps
-from ..topics import parse_filter
-from .codec import GAP_EVENT, Encoded
-from .connection import Connection, logger
-from .endpoints import Origins, bearer_token, let_go, pick_version, refusal, take_in
-from .expiry import Refusal
-from .recovery import ack_result
-from .subscriptions import ANONYMOUS
-from .subscriptions import refusal as filters_refusal
+from ...core import codes
+from ...core.codes import Code
+from ...core.criteria import ListenerId
+from ...core.message import MessageEvent, dumps
+from ...core.topics import parse_filter
+from ...runtime.http_server import HandshakeLimits
+from ..codec import GAP_EVENT, Encoded
+from ..connection import Connection, logger
+from ..endpoints import Origins, bearer_token, let_go, pick_version, refusal, take_in
+from ..expiry import Refusal
+from ..recovery import ack_result
+from ..subscriptions import ANONYMOUS
+from ..subscriptions import refusal as filters_refusal
 
 if TYPE_CHECKING:
-    from .sockets import SocketOutbound
+    from ..sockets import SocketOutbound
 
 HEARTBEAT: Final = 15.0  # seconds between two comment lines on every stream
 SWEEP: Final = 1.0  # seconds between two looks for streams whose client went
@@ -105,7 +105,7 @@ def _field(name: str) -> bytes:
 
 
 class SseEndpoint:
-    """The handler of ``GET {outbound.sse_path}`` for a :class:`~.sockets.SocketOutbound`."""
+    """The handler of ``GET {outbound.sse_path}`` for a :class:`SocketOutbound`."""
 
     def __init__(
         self,

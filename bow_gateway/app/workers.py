@@ -21,7 +21,7 @@ from typing import Any
 
 from prometheus_client import multiprocess
 
-from .metrics import MULTIPROCESS_ENV
+from ..runtime.metrics import MULTIPROCESS_ENV
 from .standalone import Settings
 
 STOP_GRACE = 15.0  # seconds a worker has to stop after SIGTERM before it is killed

@@ -2,12 +2,12 @@
 
 Flywheel's text protocol over a plain WebSocket: ``B {json}`` binds (authenticates, subscribes),
 ``P {topic} {body}`` publishes, ``R {topic} {body}`` receives. A connection is a
-:class:`~.connection.Connection` of the :class:`FlywheelCodec`, held in the index like any other
-(criteria, the per-id limit, kicks, counts, expiry), strictly subscribed: it receives only names
-its filters match, and ``$remote/{sessionId}/rx/...`` without a filter. Delivery frames a message
-once for every Flywheel connection and writes the same bytes to each transport; what the client
-sends is read through aiohttp's :class:`~aiohttp.web.WebSocketResponse`, which also closes the
-connection with the codes of section 10.
+:class:`~bow_gateway.outbound.connection.Connection` of the :class:`FlywheelCodec`, held in the
+index like any other (criteria, the per-id limit, kicks, counts, expiry), strictly subscribed: it
+receives only names its filters match, and ``$remote/{sessionId}/rx/...`` without a filter.
+Delivery frames a message once for every Flywheel connection and writes the same bytes to each
+transport; what the client sends is read through aiohttp's :class:`~aiohttp.web.WebSocketResponse`,
+which also closes the connection with the codes of section 10.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Final
 
 from aiohttp import WSMsgType, web
 
-from .. import codes
-from ..codes import Code
-from ..http_server import HandshakeLimits
-from ..message import MessageEvent, dumps
-from ..ratelimit import TokenBucket
-from ..seams import websocket_frame
-from .codec import FramedCodec, text_body
-from .connection import Connection, logger
-from .endpoints import (
+from ...core import codes
+from ...core.codes import Code
+from ...core.message import MessageEvent, dumps
+from ...runtime.http_server import HandshakeLimits
+from ...runtime.ratelimit import TokenBucket
+from ...wire.frames import websocket_frame
+from ..codec import FramedCodec, text_body
+from ..connection import Connection, logger
+from ..endpoints import (
     IncomingFrames,
     Origins,
     close_reason,
@@ -38,11 +38,11 @@ from .endpoints import (
     take_in,
     too_busy,
 )
+from ..publishing import PublishRefused
 from .flywheel_bind import Binder, error_frame
-from .publishing import PublishRefused
 
 if TYPE_CHECKING:
-    from .sockets import SocketOutbound
+    from ..sockets import SocketOutbound
 
 PING_EVERY: Final = 25.0  # seconds between two pings to a connection
 PONG_WITHIN: Final = 20.0  # seconds a client has to answer a ping before it is cut off
@@ -52,8 +52,8 @@ PING_FRAME: Final = b"\x89\x00"
 
 
 class FlywheelCodec(FramedCodec):
-    """``R {name} {body}`` text frames (:func:`~.codec.text_body`); a non-fatal alert (4100) is
-    a direct message on ``$remote/{sessionId or anon}/rx/alerts``."""
+    """``R {name} {body}`` text frames (:func:`~bow_gateway.outbound.codec.text_body`); a non-fatal
+    alert (4100) is a direct message on ``$remote/{sessionId or anon}/rx/alerts``."""
 
     __slots__ = ()
 
@@ -76,7 +76,7 @@ def receive_frame(topic: str, body: bytes) -> bytes:
 
 
 class FlywheelEndpoint:
-    """The handler of ``GET {outbound.flywheel_path}`` for a :class:`~.sockets.SocketOutbound`."""
+    """The handler of ``GET {outbound.flywheel_path}`` for a :class:`SocketOutbound`."""
 
     def __init__(
         self,
@@ -153,10 +153,10 @@ class FlywheelEndpoint:
 
     async def _read(self, websocket: web.WebSocketResponse, connection: Connection) -> None:
         """Every frame the client sends, in order, until the connection closes: at most
-        :class:`~.endpoints.IncomingFrames`' rule, pings and pongs included (4011 past it), each
-        handled in a step of its own (a client's frames already read never hold the event loop
-        together), none once the client has gone (frames read and not handled yet are dropped
-        with it). A pong answers the gateway's last ping."""
+        :class:`~bow_gateway.outbound.endpoints.IncomingFrames`' rule, pings and pongs included
+        (4011 past it), each handled in a step of its own (a client's frames already read never
+        hold the event loop together), none once the client has gone (frames read and not handled
+        yet are dropped with it). A pong answers the gateway's last ping."""
         incoming = IncomingFrames(
             self._outbound, websocket, connection, lambda: self._pong(connection)
         )

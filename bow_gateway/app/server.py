@@ -10,28 +10,13 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from .backplanes import Backplane, backplane_from_config
-from .config import Config, load_config
-from .consumer import Consumer
-from .control import Control
-from .criteria import ID_KEY, ListenerId, validate_criteria
-from .enrichers import Enrichers
-from .gc_freeze import (
-    freeze_after_connects,
-    raise_young_threshold,
-    release_closed_transports,
-    restore_young_threshold,
-)
-from .history import History
-from .http_fast_path import FastPathServer, FastRoute
-from .http_server import app_runner
-from .index import CriteriaIndex
-from .message import Event, encode_event
-from .metrics import Metrics
-from .outbound import Settings, SocketOutbound, normalise_version
-from .outbound.publishing import ClientPublish
-from .outbound.topic_replay import TopicHistory
-from .plugins import (
+from ..backplanes import Backplane, backplane_from_config
+from ..core.criteria import ID_KEY, ListenerId, validate_criteria
+from ..core.enrichers import Enrichers
+from ..core.history import History
+from ..core.index import CriteriaIndex
+from ..core.message import Event, encode_event
+from ..core.plugins import (
     AsyncClosable,
     CreateCriteriaFromListenerDetails,
     CreateListenerDetailsFromToken,
@@ -45,10 +30,25 @@ from .plugins import (
     OutboundPlugin,
     WatchesCriteria,
 )
-from .publisher import Publisher
-from .retention import Retentions
+from ..core.retention import Retentions
+from ..ingress.control import Control
+from ..ingress.http_fast_path import FastPathServer, FastRoute
+from ..ingress.publisher import Publisher
+from ..outbound import Settings, SocketOutbound, normalise_version
+from ..outbound.consumer import Consumer
+from ..outbound.publishing import ClientPublish
+from ..outbound.topic_replay import TopicHistory
+from ..runtime.config import Config, load_config
+from ..runtime.gc_freeze import (
+    freeze_after_connects,
+    raise_young_threshold,
+    release_closed_transports,
+    restore_young_threshold,
+)
+from ..runtime.http_server import app_runner
+from ..runtime.metrics import Metrics
+from ..runtime.supervisor import Supervisor
 from .routes import METRICS_PATH, build_app, check_inbound
-from .supervisor import Supervisor
 
 logger = logging.getLogger("bow_gateway")
 
@@ -171,7 +171,7 @@ class Bow:
     def enricher(self, *, filter: str, enrich: Enrich, init: EnrichInit | None = None) -> Bow:
         """Pass every accepted message whose name matches the MQTT topic ``filter`` through
         ``enrich(message) -> message`` before it is positioned, after the enrichers registered
-        before; ``init()`` runs once at ``start()`` (see :mod:`bow_gateway.enrichers`)."""
+        before; ``init()`` runs once at ``start()`` (see :mod:`bow_gateway.core.enrichers`)."""
         self._enrichers.add(filter, enrich, init)
         return self
 
@@ -340,7 +340,7 @@ class Bow:
 
     async def _serve(self, app: web.Application, fast: dict[bytes, FastRoute], port: int) -> int:
         """Serve ``app`` on ``port`` (0: any free port), the ``fast`` inbounds' plain requests
-        on the fast path (:mod:`.http_fast_path`); returns the port bound."""
+        on the fast path (:mod:`bow_gateway.ingress.http_fast_path`); returns the port bound."""
         config = self.config
         runner = app_runner(app, timeout=config.http_timeout)
         await runner.setup()

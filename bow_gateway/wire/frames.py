@@ -1,5 +1,6 @@
 """WebSocket frames (RFC 6455) as a server reads and writes them, with no extension: what the
-gateway's own websocket protocol (:mod:`.websocket`) parses from a client, and the frames it writes.
+gateway's own websocket driver (:mod:`bow_gateway.seams.websocket`) parses from a client, and the
+frames it writes. Pure wire code: no library's private parts.
 """
 
 from __future__ import annotations

@@ -8,11 +8,11 @@ event over ``outbound.max_event_bytes``), 422, 503 (with ``Retry-After``), and 2
 time, 400 for one that does not decode.
 
 The inbound's function takes the JSON body, or (``create_message_from_request``) the whole request
-read into an :class:`~.plugins.InboundRequest`; it returns one message, or a list of them (a
-batch, contract section 15):
-every one is checked, then every one enriched (:mod:`.enrichers`), then all are published in one
-trip to the backplane, in order, or none is. The ``204``'s ``Bow-Position`` is the last one's; an
-empty list is answered ``204`` without it (nothing was positioned).
+read into an :class:`~bow_gateway.core.plugins.InboundRequest`; it returns one message, or a list
+of them (a batch, contract section 15):
+every one is checked, then every one enriched (:mod:`bow_gateway.core.enrichers`), then all are
+published in one trip to the backplane, in order, or none is. The ``204``'s ``Bow-Position`` is the
+last one's; an empty list is answered ``204`` without it (nothing was positioned).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from typing import Any, Final, NamedTuple
 
 from aiohttp import hdrs, web
 
-from .backplanes import BackplaneUnavailable
-from .enrichers import EnricherRefused, EnricherTimeout
-from .http_server import request_timeout
-from .message import Message, MessageEvent, event_bytes, parse_json, validate_message
-from .metrics import Metrics
-from .plugins import HealthCheck, InboundPlugin, InboundRequest
-from .userfn import call_user_function, describe
+from ..backplanes import BackplaneUnavailable
+from ..core.enrichers import EnricherRefused, EnricherTimeout
+from ..core.message import Message, MessageEvent, event_bytes, parse_json, validate_message
+from ..core.plugins import HealthCheck, InboundPlugin, InboundRequest
+from ..runtime.http_server import request_timeout
+from ..runtime.metrics import Metrics
+from ..runtime.userfn import call_user_function, describe
 
 logger = logging.getLogger("bow_gateway.inbound")
 

@@ -10,16 +10,16 @@ from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate
 
-from .criteria import error_text
+from ..core.criteria import error_text
+from ..core.retention import HistoryRule, history_rules
 from .redis_client import check_settings, redacted
-from .retention import HistoryRule, history_rules
 
 NON_EMPTY = validate.Length(min=1, error="must not be empty")
 
 
 class _RedisField(fields.Field):  # type: ignore[type-arg]
-    """``None``, or what :func:`bow_gateway.redis_client.redis_client` takes: a URL, a dict of
-    redis-py connection kwargs (Sentinel's too), or a list of dicts (cluster nodes)."""
+    """``None``, or what :func:`bow_gateway.runtime.redis_client.redis_client` takes: a URL, a dict
+    of redis-py connection kwargs (Sentinel's too), or a list of dicts (cluster nodes)."""
 
     def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
         if value is None:
