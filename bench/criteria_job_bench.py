@@ -59,7 +59,7 @@ from lib.criteria_job import (
 
 sys.path.insert(0, str(ROOT))
 from bow_gateway.core.criteria_snapshot import Layout
-from tests.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 
 
 @dataclass

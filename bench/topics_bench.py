@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from bow_gateway.core.index import CriteriaIndex
-from bow_gateway.core.topics import TopicIndex
+from bow_gateway.core.topic_index import TopicIndex
 
 
 class Socket:

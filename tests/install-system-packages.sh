@@ -1,7 +1,7 @@
 #!/bin/sh
 # Install the Debian packages the test suite needs, when they are missing; otherwise do nothing.
 #
-#   redis-server  the Redis tests start their own redis-server processes (tests/redis_server.py)
+#   redis-server  the Redis tests start their own redis-server processes (tests/support/redis_server.py)
 #   nginx         tests/test_deploy.py runs deploy/nginx/bow-gateway.conf in front of two gateways
 #   openjdk-17-jre-headless  tests/test_criteria_job.py runs the Spark criteria job (PySpark
 #                 needs Java 17+)

@@ -24,7 +24,7 @@ from bow_gateway.backplanes import (
 )
 from bow_gateway.backplanes.redis import RedisBackplane
 
-from .redis_server import RedisServer
+from .support.redis_server import RedisServer
 
 
 @pytest.fixture(scope="module")

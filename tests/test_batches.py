@@ -4,13 +4,11 @@ listeners (protocol 2, so that each event carries its position)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
-import socketio
 from bow_gateway.inbounds.passthrough import (
     create_message_from_envelope,
     create_message_from_request_body,
@@ -20,18 +18,8 @@ from bow_gateway.outbounds.jwt import JwtOutbound
 
 from bow_gateway import Bow
 
-from .support import (
-    AUTH,
-    PASSWORD,
-    PATH,
-    REALM,
-    SECRET,
-    USER,
-    WAIT,
-    base_config,
-    read_metric,
-    token,
-)
+from .support import AUTH, PASSWORD, PATH, REALM, SECRET, USER, base_config, read_metric
+from .support.protocol2 import Listener
 
 AUDIENCE = [{"role": "admin"}]
 
@@ -52,29 +40,6 @@ def batch_bow(**config: Any) -> Bow:
             middleware_version="v1.1",
         )
     )
-
-
-class Listener:
-    """A protocol-2 socket of an admin: each event with its data and ``meta``, in order."""
-
-    def __init__(self) -> None:
-        self.client = socketio.AsyncClient(reconnection=False)
-        self.events: asyncio.Queue[tuple[str, tuple[Any, ...]]] = asyncio.Queue()
-        self.client.on("*", self._on_any)
-
-    async def _on_any(self, event: str, *args: Any) -> None:
-        if event != "__position":  # a quiet socket's position reminder
-            self.events.put_nowait((event, args))
-
-    async def connect(self, url: str) -> Listener:
-        await self.client.connect(
-            f"{url}?v=v1.3&proto=2", transports=["websocket"], wait_timeout=WAIT
-        )
-        await self.client.call("authenticate", (token("ADMIN", {"role": "admin"}),), timeout=WAIT)
-        return self
-
-    async def next(self) -> tuple[str, tuple[Any, ...]]:
-        return await asyncio.wait_for(self.events.get(), WAIT)
 
 
 Post = Callable[[Any], Awaitable[tuple[int, str, str | None]]]

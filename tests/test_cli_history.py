@@ -11,8 +11,8 @@ import aiohttp
 from bow_gateway import Bow
 
 from .support import AUTH, PATH, SECRET, base_config
-from .test_cli import run
-from .test_protocol2_recovery import p2_bow
+from .support.cli import run
+from .support.protocol2 import p2_bow
 
 StartBow = Callable[[Bow], Awaitable[Bow]]
 ROOM = "/chat/room1"

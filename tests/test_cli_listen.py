@@ -10,7 +10,6 @@ demand."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import signal
 import time
@@ -28,64 +27,15 @@ from aiohttp import web
 
 from bow_gateway.cli import main
 
-from .served import BOW_GATEWAY, Served, clean_env, free_port, serve
 from .support import SECRET, token
-
-Pipe = asyncio.subprocess.PIPE
-BASIC = "Basic " + base64.b64encode(b"pusher:change-me").decode()  # the embedded default's
+from .support.cli_listen import BASIC, Listening, assert_closed_cleanly, listen, next_line, push_at
+from .support.served import Served, free_port, serve
 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     with serve(tmp_path_factory.mktemp("serve"), BOW_JWT_SECRET=SECRET) as served:
         yield served
-
-
-@dataclass
-class Ended:
-    code: int
-    out: str
-    err: str
-
-
-class Listening:
-    """``bow-gateway listen`` under way: read stderr up to a line, signal it, collect it."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
-        self.err = ""
-
-    @classmethod
-    async def start(cls, *args: str) -> Listening:
-        process = await asyncio.create_subprocess_exec(
-            *BOW_GATEWAY,
-            "listen",
-            *args,
-            stdout=Pipe,
-            stderr=Pipe,
-            env=clean_env(BOW_JWT_SECRET=SECRET),
-        )
-        return cls(process)
-
-    async def until(self, start: str, timeout: float = 15) -> None:
-        """Read stderr until a line starts with ``start``."""
-        assert self.process.stderr is not None
-        async with asyncio.timeout(timeout):
-            while True:
-                line = (await self.process.stderr.readline()).decode()
-                self.err += line
-                assert line, f"listen ended before {start!r}:\n{self.err}"
-                if line.startswith(start):
-                    return
-
-    async def end(self, timeout: float = 15) -> Ended:
-        out, err = await asyncio.wait_for(self.process.communicate(), timeout)
-        assert self.process.returncode is not None
-        return Ended(self.process.returncode, out.decode(), self.err + err.decode())
-
-
-async def listen(*args: str) -> Ended:
-    return await (await Listening.start(*args)).end()
 
 
 def push(served: Served, name: str, audience: list[dict[str, object]]) -> None:
@@ -96,11 +46,6 @@ def push(served: Served, name: str, audience: list[dict[str, object]]) -> None:
     )
     with urllib.request.urlopen(request, timeout=5) as response:
         assert response.status == 204
-
-
-def assert_closed_cleanly(ended: Ended) -> None:
-    assert "Unclosed" not in ended.err, ended.err
-    assert "Traceback" not in ended.err, ended.err
 
 
 async def test_a_disconnect_message_ends_it_cleanly(gateway: Served) -> None:
@@ -486,28 +431,6 @@ async def test_without_proto_nothing_of_protocol_2_is_sent(scripted: Scripted) -
 
 
 # -- --proto 2 end to end, against serve -------------------------------------------------------
-
-
-def push_at(served: Served, name: str, audience: list[dict[str, object]], **more: object) -> str:
-    """POST a message; its position, from the 204's ``Bow-Position`` header."""
-    request = urllib.request.Request(
-        served.url + "/v1/messages",
-        data=json.dumps({"name": name, "audience": audience, **more}).encode(),
-        headers={"Content-Type": "application/json", "Authorization": BASIC},
-    )
-    with urllib.request.urlopen(request, timeout=5) as response:
-        assert response.status == 204
-        position: str = response.headers["Bow-Position"]
-        return position
-
-
-async def next_line(listening: Listening, timeout: float = 10) -> dict[str, Any]:
-    """The next JSON line listen printed on stdout."""
-    assert listening.process.stdout is not None
-    line = await asyncio.wait_for(listening.process.stdout.readline(), timeout)
-    assert line, f"listen ended:\n{listening.err}"
-    parsed: dict[str, Any] = json.loads(line)
-    return parsed
 
 
 def acknowledged(err: str, what: str = "authenticated") -> dict[str, Any]:

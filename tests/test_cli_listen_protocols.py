@@ -17,17 +17,10 @@ import pytest
 
 from bow_gateway.cli import main
 
-from .served import BOW_GATEWAY, Served, clean_env, free_port, serve, wait_for_health
 from .support import SECRET, token
-from .test_cli import SHELL_PRELUDE
-from .test_cli_listen import (
-    Ended,
-    Listening,
-    assert_closed_cleanly,
-    listen,
-    next_line,
-    push_at,
-)
+from .support.cli import SHELL_PRELUDE
+from .support.cli_listen import Ended, Listening, assert_closed_cleanly, listen, next_line, push_at
+from .support.served import BOW_GATEWAY, Served, clean_env, free_port, serve, wait_for_health
 
 ROOT = Path(__file__).resolve().parent.parent
 TEAM = [{"team": "cli"}]

@@ -15,9 +15,9 @@ from bow_gateway import Bow, InboundRequest
 from bow_gateway.cli import main
 
 from .support import PASSWORD, PATH, base_config, standard_bow
-from .test_batches import Listener
-from .test_cli import Result, run
-from .test_gobbler_inbound import gobbler_bow
+from .support.cli import Result, run
+from .support.gobbler_inbound import gobbler_bow
+from .support.protocol2 import Listener
 
 StartBow = Callable[[Bow], Awaitable[Bow]]
 ADMINS = [{"role": "admin"}]

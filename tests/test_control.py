@@ -24,8 +24,8 @@ from bow_gateway.core.message import (
 )
 from bow_gateway.ingress.control import check_changes, check_count, check_kick, summed
 
-from .redis_server import RedisServer
 from .support import AUTH, PATH, REALM, base_config, standard_bow
+from .support.redis_server import RedisServer
 
 StartBow = Callable[[Bow], Awaitable[Bow]]
 

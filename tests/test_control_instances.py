@@ -23,9 +23,9 @@ import socketio
 
 from bow_gateway import Bow
 
-from .redis_server import RedisServer
 from .support import AUTH, base_config, standard_bow, token
-from .test_instances import Gateway, gateway_env
+from .support.instances import Gateway, gateway_env
+from .support.redis_server import RedisServer
 
 INBOUND = "/v1/messages"  # serve's embedded default: pass-through inbound, JWT outbound "v1"
 COUNT_TIMEOUT = 0.5

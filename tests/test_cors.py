@@ -3,12 +3,8 @@ in a real browser (headless Chromium driven by chromedriver over W3C WebDriver).
 
 from __future__ import annotations
 
-import asyncio
 import json
-import shutil
-import subprocess
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -21,22 +17,16 @@ from bow_gateway import Bow
 from bow_gateway.app.standalone import load_settings
 from bow_gateway.runtime.config import load_config
 
-from .redis_server import free_port
-from .support import AUTH, PATH, base_config, standard_bow, token
+from .support import AUTH, PATH, base_config, token
+from .support import browser as chromium
+from .support.browser import Browser, StartBow, gateway
+
+browser = chromium.browser  # the fixture, shared
 
 APP = "https://app.example.com"
 EVIL = "https://evil.example.com"
 SAME = "same origin"  # stands for the gateway's own origin, http://127.0.0.1:{port}
 BROWSER_FILES = Path(__file__).parent / "browser"
-
-StartBow = Callable[[Bow], Awaitable[Bow]]
-
-
-async def gateway(start_bow: StartBow, cors_origins: Any = None) -> Bow:
-    outbound: dict[str, Any] = {"timeout": 5}
-    if cors_origins is not None:
-        outbound["cors_origins"] = cors_origins
-    return await start_bow(standard_bow(base_config(outbound=outbound)))
 
 
 # -- configuration ---------------------------------------------------------------------------
@@ -303,101 +293,6 @@ PLAIN_PAGE = """<!doctype html>
 </script>
 """
 
-STATE = """const engine = window.socket && window.socket.io.engine;
-return { ...window.state, transport: engine && engine.transport && engine.transport.name };"""
-
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    # Without these, Chromium reaches for Google's servers, which a closed network refuses.
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-
-class Browser:
-    """One headless Chromium session, spoken to in W3C WebDriver's JSON over HTTP."""
-
-    def __init__(self, http: aiohttp.ClientSession, session: str) -> None:
-        self._http = http
-        self._session = f"/session/{session}"
-
-    async def command(self, method: str, path: str, body: Any = None) -> Any:
-        async with self._http.request(method, self._session + path, json=body) as response:
-            answer = await response.json()
-        if response.status != 200:
-            raise AssertionError(f"WebDriver {method} {path}: {answer['value']}")
-        return answer["value"]
-
-    async def open(self, url: str) -> None:
-        await self.command("POST", "/url", {"url": url})
-
-    async def state_when(self, done: Callable[[Any], bool], timeout: float = 5.0) -> Any:
-        """``window.state``, polled until ``done(state)`` or until ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            state = await self.command("POST", "/execute/sync", {"script": STATE, "args": []})
-            if done(state) or time.monotonic() > deadline:
-                return state
-            await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-async def browser(tmp_path: Path) -> AsyncIterator[Browser]:
-    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
-    if chromium is None or chromedriver is None:
-        pytest.fail(
-            "this test needs Debian's chromium and chromium-driver: run "
-            "`sh tests/install-system-packages.sh` as root (or `sudo apt-get install chromium "
-            "chromium-driver`)"
-        )
-    port = free_port()
-    driver = subprocess.Popen(
-        [chromedriver, f"--port={port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as http:
-            await _until_ready(http, driver)
-            capabilities = {
-                "browserName": "chrome",
-                "goog:chromeOptions": {
-                    "binary": chromium,
-                    "args": [*CHROMIUM_ARGS, f"--user-data-dir={tmp_path / 'chromium'}"],
-                },
-            }
-            async with http.post(
-                "/session", json={"capabilities": {"alwaysMatch": capabilities}}
-            ) as response:
-                answer = await response.json()
-            assert response.status == 200, f"chromedriver cannot start Chromium: {answer}"
-            session = answer["value"]["sessionId"]
-            try:
-                yield Browser(http, session)
-            finally:
-                async with http.delete(f"/session/{session}") as response:
-                    await response.read()
-    finally:
-        driver.terminate()
-        driver.wait(timeout=10)
-
-
-async def _until_ready(http: aiohttp.ClientSession, driver: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        assert driver.poll() is None, f"chromedriver exited with status {driver.returncode}"
-        try:
-            async with http.get("/status") as response:
-                if (await response.json())["value"]["ready"]:
-                    return
-        except aiohttp.ClientConnectionError:
-            pass
-        await asyncio.sleep(0.05)
-    raise AssertionError("chromedriver did not answer /status within 10 s")
-
 
 @pytest.fixture
 async def page_origin() -> AsyncIterator[str]:
@@ -442,6 +337,7 @@ def page_url(origin: str, bow: Bow, transports: str, listener_token: str) -> str
     return f"{origin}/?{urlencode(query)}"
 
 
+@pytest.mark.browser
 async def test_a_browser_page_of_another_origin_is_refused_by_default(
     browser: Browser, page_origin: str, start_bow: StartBow
 ) -> None:
@@ -453,6 +349,7 @@ async def test_a_browser_page_of_another_origin_is_refused_by_default(
     assert bow._outbound is not None and bow._outbound.connects == 0
 
 
+@pytest.mark.browser
 async def test_a_browser_page_of_a_listed_origin_receives_pushes(
     browser: Browser, page_origin: str, start_bow: StartBow, http: aiohttp.ClientSession
 ) -> None:
@@ -489,6 +386,7 @@ def plain_page_url(origin: str, bow: Bow, path: str) -> str:
     return f"{origin}/plain?{urlencode(query)}"
 
 
+@pytest.mark.browser
 async def test_a_browser_page_of_another_origin_cannot_open_a_plain_websocket_by_default(
     browser: Browser, page_origin: str, start_bow: StartBow
 ) -> None:
@@ -500,6 +398,7 @@ async def test_a_browser_page_of_another_origin_cannot_open_a_plain_websocket_by
     assert bow._outbound is not None and bow._outbound.open_connections == 0
 
 
+@pytest.mark.browser
 async def test_a_browser_page_of_a_listed_origin_opens_a_plain_websocket(
     browser: Browser, page_origin: str, start_bow: StartBow
 ) -> None:

@@ -39,8 +39,8 @@ from bow_gateway.job.config import JobConfig, parse_job_config
 from bow_gateway.job.run import CriteriaJobError, run_job
 from bow_gateway.job.spark import build_session
 
-from .redis_server import RedisServer
 from .support import AUTH, Listener, base_config
+from .support.redis_server import RedisServer
 
 LISTENERS = 2000
 JAR = "/usr/share/java/postgresql.jar"
@@ -49,7 +49,7 @@ JDBC = "jdbc:postgresql://127.0.0.1:5432/test"
 SCHEMA = f"bow_criteria_job_{os.getpid()}"
 
 # A cold Spark session and a dozen runs: more than the suite's default of 120 s per test.
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
 
 # -- fixtures -------------------------------------------------------------------------------------

@@ -32,13 +32,14 @@ from bow_gateway.job.spark import build_session
 from bow_gateway.runtime.config import load_config
 from bow_gateway.runtime.redis_client import RedisSettings, SyncClient, sync_redis_client
 
-from .redis_server import RedisServer, redis_cluster
 from .support import base_config
+from .support.redis_server import RedisServer, redis_cluster
 
 LISTENERS = 600
 WIDE_LISTENERS = 1000
 NAMES = ("users", "roles", "memberships")
-pytestmark = pytest.mark.timeout(300)  # a Spark session of its own
+# 300 s: a Spark session of its own
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")

@@ -22,14 +22,14 @@ from bow_gateway.core.criteria_snapshot import Layout, Live, id_field, parse_cha
 from bow_gateway.job.config import load_job_config, parse_job_config
 from bow_gateway.job.spark import APP_NAME, executor_python
 
-from .redis_server import RedisServer
-from .served import BOW_GATEWAY
-from .spark_standalone import SparkStandalone, spark_environment
+from .support.redis_server import RedisServer
+from .support.served import BOW_GATEWAY
+from .support.spark_standalone import SparkStandalone, spark_environment
 
 LISTENERS = 2000
 NAMES = ("users", "roles", "memberships")
 # Three JVM daemons, two executors, four runs of the command line (each a JVM): on 2 cores.
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")

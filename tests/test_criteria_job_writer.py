@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pyarrow
 import pyarrow.ipc
+import pytest
 import redis
 
-from .redis_server import RedisServer
+from .support.redis_server import RedisServer
+
+pytestmark = pytest.mark.spark
 
 WORKER = """
 import json, sys

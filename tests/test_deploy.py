@@ -31,9 +31,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from .redis_server import RedisServer
-from .served import BOW_GATEWAY, clean_env, free_port, wait_for_health
 from .support import SECRET, Listener, token
+from .support.redis_server import RedisServer
+from .support.served import BOW_GATEWAY, clean_env, free_port, wait_for_health
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 NGINX_CONF = REPOSITORY / "deploy" / "nginx" / "bow-gateway.conf"

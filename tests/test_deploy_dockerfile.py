@@ -21,9 +21,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from .redis_server import RedisServer
-from .served import clean_env, free_port, wait_for_health
 from .support import SECRET, Listener, token
+from .support.redis_server import RedisServer
+from .support.served import clean_env, free_port, wait_for_health
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPOSITORY / "deploy" / "Dockerfile"
@@ -63,6 +63,7 @@ def arguments(text: str) -> dict[str, str]:
     return dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.M))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 async def test_the_dockerfiles_install_serves_and_delivers_through_redis(tmp_path: Path) -> None:
     # Regression: the image's `pip install ".[...]"` built a wheel without bow_gateway.outbound,

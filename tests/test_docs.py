@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .served import BOW_GATEWAY, clean_env, free_port
+from .support.served import BOW_GATEWAY, clean_env, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

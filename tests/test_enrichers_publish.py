@@ -22,8 +22,8 @@ import pytest
 
 from bow_gateway import Bow
 
-from .mixed_clients import EQ, FX, TO_FX, Mixed, mixed_bow, next_seen, seen_until
 from .support import AUTH, PASSWORD, PATH, REALM, USER, base_config
+from .support.mixed_clients import EQ, FX, TO_FX, Mixed, mixed_bow, next_seen, seen_until
 
 Start = Callable[..., Awaitable[Mixed]]
 

@@ -14,11 +14,11 @@ import pytest
 from marshmallow import Schema, fields
 
 from bow_gateway.cli import main
-from bow_gateway.runtime.config import _ConfigSchema, _HttpsSchema
+from bow_gateway.runtime.config_schema import _ConfigSchema, _HttpsSchema
 
-from .served import clean_env, serve
 from .support import SECRET, token
-from .test_cli import run
+from .support.cli import run
+from .support.served import clean_env, serve
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "deploy" / "gateway.example.toml"
 

@@ -19,10 +19,10 @@ import pytest
 
 from bow_gateway import Bow
 
-from .flywheel_client import FlywheelClient
-from .redis_server import RedisServer
 from .support import Gateway, base_config
-from .test_flywheel import QUOTES, bearer, flywheel_bow
+from .support.flywheel import QUOTES, bearer, flywheel_bow
+from .support.flywheel_client import FlywheelClient
+from .support.redis_server import RedisServer
 
 Open = Callable[[Gateway], Awaitable[FlywheelClient]]
 HELD = "sessionId is held by another listener: choose another"

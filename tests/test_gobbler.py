@@ -1,61 +1,28 @@
 """The Gobbler WebSocket outbound (``clients.md`` section 14), end to end: a real gateway on a
 free port with a ``[[history]]`` rule, and a client written from the seed's protocol section
-alone (:mod:`.gobbler_client`): subscribe, every form of replay, cancel, send, REST publish."""
+alone (:mod:`.support.gobbler_client`): subscribe, every form of replay, cancel, send, REST
+publish."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import tracemalloc
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
-from bow_gateway.inbounds.gobbler import GobblerInbound
-from bow_gateway.inbounds.passthrough import create_message_from_envelope
-from bow_gateway.middlewares.claims import criteria_from_claim
-from bow_gateway.outbounds.jwt import JwtOutbound
 
 from bow_gateway import Bow
 from bow_gateway.outbound.protocols import gobbler
 
-from .gobbler_client import GobblerClient, GobblerMessage
-from .support import AUTH, PATH, SECRET, Gateway, base_config, metric, token
+from .support import AUTH, Gateway, metric, token
+from .support.gobbler import MEMBERS, gobbler_bow
+from .support.gobbler_client import GobblerClient, GobblerMessage
 
 Serve = Callable[[Bow], Awaitable[Gateway]]
 ROOM = "/chat/room1"
-MEMBERS = [{"room": 1}]
-
-
-def publish_to_room(details: Mapping[str, Any] | None, topic: str, body: str) -> dict[str, Any]:
-    if topic.startswith("/closed/"):
-        raise PermissionError(f"{topic} is closed")
-    return {"name": topic, "payload": body, "audience": MEMBERS}
-
-
-def gobbler_bow(**config: Any) -> Bow:
-    config.setdefault("history", [{"filter": "/chat/#", "max_count": 1000}])
-    return (
-        Bow(base_config(**config))
-        .middleware(version="v1", create_criteria_from_listener_details=criteria_from_claim())
-        .inbound(
-            path=PATH,
-            create_message_from_request_body=create_message_from_envelope,
-            middleware_version="v1",
-        )
-        .inbound(
-            path="/api/message/{topic:.+}",
-            create_message_from_request=GobblerInbound(audience=MEMBERS),
-            middleware_version="v1",
-        )
-        .outbound(
-            version="v1",
-            create_listener_details_from_token=JwtOutbound(secret=SECRET),
-            middleware_version="v1",
-            create_message_from_publish=publish_to_room,
-        )
-    )
 
 
 @pytest.fixture

@@ -11,39 +11,19 @@ import aiohttp
 import pytest
 import redis.asyncio
 from bow_gateway.inbounds.gobbler import GobblerInbound
-from bow_gateway.middlewares.claims import criteria_from_claim
-from bow_gateway.outbounds.jwt import JwtOutbound
 
 from bow_gateway import Bow
 from bow_gateway.core.message import MessageEvent, decode_event
 from bow_gateway.core.publication import Publication
 
-from .redis_server import RedisServer
-from .support import AUTH, SECRET, base_config
-from .test_batches import Listener
+from .support import AUTH
+from .support.gobbler_inbound import gobbler_bow
+from .support.protocol2 import Listener
+from .support.redis_server import RedisServer
 
-ROUTE = "/api/message/{topic:.+}"
-AUDIENCE = [{"role": "admin"}]
 STREAM = "{bow}:events"  # RedisBackplane.key in the default namespace
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}  # what `curl --data` sends
 StartBow = Callable[[Bow], Awaitable[Bow]]
-
-
-def gobbler_bow(path: str = ROUTE, **config: Any) -> Bow:
-    return (
-        Bow(base_config(**config))
-        .middleware(version="v1", create_criteria_from_listener_details=criteria_from_claim())
-        .inbound(
-            path=path,
-            create_message_from_request=GobblerInbound(audience=AUDIENCE),
-            middleware_version="v1",
-        )
-        .outbound(
-            version="v1.3",
-            create_listener_details_from_token=JwtOutbound(secret=SECRET),
-            middleware_version="v1",
-        )
-    )
 
 
 class Seen:

@@ -15,9 +15,9 @@ import pytest
 
 from bow_gateway import Bow
 
-from .redis_server import RedisServer
 from .support import AUTH, WAIT, Gateway, base_config, token
-from .test_protocol2_recovery import P2, P2Gateway, p2_bow
+from .support.protocol2 import P2, P2Gateway, p2_bow
+from .support.redis_server import RedisServer
 
 ROOM = "chat/room1"
 MEMBERS = [{"room": 1}]

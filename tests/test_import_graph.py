@@ -7,25 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {  # as setup.cfg installs them
-    "bow_gateway": ROOT / "bow_gateway",
-    "bow_gateway.inbounds": ROOT / "inbounds",
-    "bow_gateway.outbounds": ROOT / "outbounds",
-    "bow_gateway.middlewares": ROOT / "middlewares",
-}
-
-
-def modules() -> dict[str, Path]:
-    """Every module of the installed packages, by dotted name (a package by its ``__init__``)."""
-    found: dict[str, Path] = {}
-    for package, folder in PACKAGES.items():
-        for path in folder.rglob("*.py"):
-            parts = [*package.split("."), *path.relative_to(folder).with_suffix("").parts]
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join(parts)] = path
-    return found
+from .support.import_graph import modules
 
 
 def imports(name: str, path: Path, known: set[str]) -> set[str]:

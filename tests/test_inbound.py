@@ -16,8 +16,8 @@ from aiohttp import web
 
 from bow_gateway import Bow
 
-from .redis_server import RedisServer
 from .support import AUTH, PASSWORD, PATH, REALM, USER, Listener, base_config, standard_bow
+from .support.redis_server import RedisServer
 
 Push = Callable[..., Awaitable[aiohttp.ClientResponse]]
 StartBow = Callable[[Bow], Awaitable[Bow]]

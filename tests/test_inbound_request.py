@@ -19,7 +19,7 @@ from bow_gateway.app.standalone import build_bow, load_settings
 from bow_gateway.cli.serve import tour
 
 from .support import AUTH, SECRET, base_config
-from .test_batches import Listener
+from .support.protocol2 import Listener
 
 ROUTE = "/api/message/{topic:.+}"
 AUDIENCE = [{"role": "admin"}]

@@ -19,8 +19,8 @@ import pytest
 import socketio
 from bow_gateway.outbounds.jwt import mint
 
-from .served import BOW_GATEWAY, free_port, send_raw
 from .support import SECRET
+from .support.served import BOW_GATEWAY, free_port, send_raw
 
 PASSWORD = "pw-Q7x9-never-log-me-4f2b"
 USER = "pusher"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from .test_import_graph import modules
+from .support.import_graph import modules
 
 ADMISSION = "bow_gateway.outbound.admission"
 INDEX = "bow_gateway.core.index"

@@ -13,10 +13,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import pytest
 
-from .redis_server import RedisServer
 from .support import AUTH, PATH, Listener, base_config, standard_bow, token, until
-from .test_redis_faults import END, Publisher, until_ends
+from .support.redis_faults import END, Publisher, until_ends
+from .support.redis_server import RedisServer
 
 FANS = [{"role": "fan"}]
 BURST = 60
@@ -76,6 +77,7 @@ async def test_a_burst_of_accepted_messages_reaches_polling_and_websocket_listen
         assert len(events) == BURST, f"the {name} listener: {events[BURST:]}"
 
 
+@pytest.mark.slow
 async def test_accepted_messages_reach_polling_listeners_of_two_instances_through_a_redis_freeze(
     http: aiohttp.ClientSession,
 ) -> None:

@@ -29,7 +29,7 @@ from bow_gateway.core.criteria_snapshot import (
 )
 from bow_gateway.job.store import LockHeld, SnapshotStore
 
-from .redis_server import RedisServer
+from .support.redis_server import RedisServer
 
 LAYOUT = Layout("bow")
 

@@ -20,11 +20,10 @@ from bow_gateway.outbounds.jwt import JwtOutbound, mint
 from bow_gateway import Bow
 
 from .support import SECRET, WAIT, Gateway, base_config, token
-from .test_protocol2_recovery import P2, P2Gateway, p2_bow
+from .support.protocol2 import INFO_KEYS, P2, P2Gateway, closed_with, info_of, p2_bow
 
 BLOG_42 = [{"blogId": 42}]
 BLOG_7 = [{"blogId": 7}]
-INFO_KEYS = {"code", "reason", "fatal", "reconnect"}
 JWT = JwtOutbound(secret=SECRET)
 
 
@@ -72,27 +71,6 @@ async def serve(
     yield start
     for gateway in gateways:
         await gateway.close()
-
-
-def info_of(alert: tuple[Any, ...]) -> dict[str, Any]:
-    """A protocol-2 alert is ``(text, info)``: its info (the text checked on the way)."""
-    text, info = alert
-    assert isinstance(text, str) and text
-    assert isinstance(info, dict) and set(info) == INFO_KEYS, info
-    return info
-
-
-async def closed_with(client: P2, code: int) -> dict[str, Any]:
-    """``client`` gets a fatal ``alert`` with ``code`` as its last event, then a disconnect
-    within 1 s of it: the alert's info."""
-    await client.wait_disconnected()
-    (name, alert, at), (last, _, gone) = client.log[-2:]
-    assert (name, last) == ("alert", "disconnect"), client.names
-    info = info_of(alert)
-    assert info["code"] == code and info["fatal"] is True, info
-    assert gone - at < 1.0, gone - at
-    assert not client.client.connected
-    return info
 
 
 def number(position: str) -> int:

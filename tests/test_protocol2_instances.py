@@ -28,9 +28,9 @@ import socketio
 
 from bow_gateway import Bow
 
-from .redis_server import RedisServer
 from .support import AUTH, PATH, WAIT, base_config, read_metric, token, until
-from .test_protocol2_recovery import AUTHOR, BLOG_7, BLOG_42, P2, p2_bow
+from .support.protocol2 import AUTHOR, BLOG_7, BLOG_42, P2, p2_bow, stream_key
+from .support.redis_server import RedisServer
 
 GAPS = 'bow_gaps_total{reason="epoch_changed"}'
 BROKEN = 15.0  # seconds an instance may take to notice a broken history (it looks every second)
@@ -252,14 +252,6 @@ class Roamer:
 
     async def close(self) -> None:
         await asyncio.gather(*(client.disconnect() for client in self.sockets))
-
-
-def stream_key(position: str) -> tuple[str, int, int]:
-    """The Redis backplane's ``{epoch}.{ms}-{seq}`` (docs/redis.md), to sort the 204s' positions:
-    only the test parses positions."""
-    epoch, _, entry = position.partition(".")
-    milliseconds, _, sequence = entry.partition("-")
-    return epoch, int(milliseconds), int(sequence)
 
 
 async def test_under_load_roaming_clients_receive_exactly_their_messages_once_in_order(

@@ -23,7 +23,7 @@ import pytest
 from bow_gateway import Bow
 
 from .support import AUTH, PATH, WAIT, Gateway, base_config, metric, token
-from .test_protocol2_recovery import P2Gateway, p2_bow
+from .support.protocol2 import P2Gateway, p2_bow
 
 SLOW, FAST = "USER/slow", "USER/fast"
 ROOM_A = {"room": "a"}

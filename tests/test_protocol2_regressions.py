@@ -26,7 +26,6 @@ from bow_gateway.outbounds.jwt import JwtOutbound
 
 from bow_gateway import Bow
 
-from .redis_server import RedisServer
 from .support import (
     AUTH,
     PATH,
@@ -39,8 +38,8 @@ from .support import (
     token,
     until,
 )
-from .test_protocol2_authentication import closed_with
-from .test_protocol2_recovery import BLOG_42, P2, P2Gateway, p2_bow
+from .support.protocol2 import BLOG_42, P2, P2Gateway, closed_with, p2_bow
+from .support.redis_server import RedisServer
 
 AUTHOR = {"role": "author", "blogId": 42}
 V2_PATH = "/v2/messages"

@@ -23,7 +23,8 @@ import pytest
 
 from bow_gateway import Bow
 
-from .mixed_clients import (
+from .support import AUTH, base_config
+from .support.mixed_clients import (
     EQ,
     FX,
     TO_EQ,
@@ -35,9 +36,8 @@ from .mixed_clients import (
     seen_until,
     without_positions,
 )
-from .redis_server import RedisServer
-from .support import AUTH, base_config
-from .test_protocol2_instances import stream_key
+from .support.protocol2 import stream_key
+from .support.redis_server import RedisServer
 
 Pair = tuple[Mixed, Mixed]
 

@@ -16,7 +16,8 @@ import pytest
 
 from bow_gateway import Bow
 
-from .mixed_clients import (
+from .support import base_config, token
+from .support.mixed_clients import (
     FX,
     TO_EQ,
     TO_FX,
@@ -28,7 +29,6 @@ from .mixed_clients import (
     seen_until,
     without_positions,
 )
-from .support import base_config, token
 
 FILTERS = ["quotes/+/EURUSD", "news/#"]
 

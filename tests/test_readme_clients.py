@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from . import test_cors
-from .served import BOW_GATEWAY, Served, clean_env, serve, wait_for_health
 from .support import SECRET, token
-from .test_cli import Running, run_shell
-from .test_cli_listen import push_at
-from .test_cors import Browser
+from .support import browser as chromium
+from .support.browser import Browser
+from .support.cli import Running, run_shell
+from .support.cli_listen import push_at
+from .support.served import BOW_GATEWAY, Served, clean_env, serve, wait_for_health
 
-browser = test_cors.browser  # the fixture, shared
+browser = chromium.browser  # the fixture, shared
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 ADMIN = [{"role": "admin"}]
@@ -113,6 +113,7 @@ async def stream_opened(served: Served, timeout: float = 10) -> None:
             await asyncio.sleep(0.05)
 
 
+@pytest.mark.browser
 async def test_the_flywheel_and_event_source_snippets_receive_a_push(
     browser: Browser, page_origin: tuple[str, dict[str, str]], gateway: Served
 ) -> None:
@@ -145,6 +146,7 @@ async def test_the_flywheel_and_event_source_snippets_receive_a_push(
     assert events == [json.dumps(body, separators=(",", ":")) + f" {position}"], logged
 
 
+@pytest.mark.browser
 async def test_the_event_source_snippet_resumes_after_a_graceful_restart(
     browser: Browser, page_origin: tuple[str, dict[str, str]], gateway: Served, tmp_path: Path
 ) -> None:
@@ -192,6 +194,7 @@ async def test_the_curl_snippet_receives_a_push(gateway: Served) -> None:
     assert json.loads(event[2].removeprefix("data: "))["text"] == "hello"
 
 
+@pytest.mark.browser
 async def test_the_gobbler_snippets_replay_publish_and_read_the_history(
     browser: Browser, page_origin: tuple[str, dict[str, str]], gateway: Served
 ) -> None:

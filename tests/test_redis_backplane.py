@@ -15,8 +15,8 @@ import redis.asyncio
 from bow_gateway.backplanes import BackplaneUnavailable, Entry, Gap
 from bow_gateway.backplanes.redis import RedisBackplane
 
-from .redis_server import RedisServer, free_port
 from .support import until
+from .support.redis_server import RedisServer, free_port
 
 FAST = {"retry_backoff": 0.02, "max_backoff": 0.2, "publish_timeout": 0.5}
 

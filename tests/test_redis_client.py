@@ -26,8 +26,8 @@ from bow_gateway.runtime.redis_client import (
     sync_redis_client,
 )
 
-from .redis_server import RedisServer, redis_cluster
 from .support import base_config, until
+from .support.redis_server import RedisServer, redis_cluster
 
 FORMS = ["url", "mapping", "sentinel", "cluster"]
 SERVICE = "bow-test"

@@ -27,7 +27,7 @@ def test_another_socketio_version_fails_at_import_naming_what_to_install(other: 
 
 
 def test_the_pins_in_setup_cfg_admit_only_the_minors_the_seams_are_written_for() -> None:
-    from .test_packaging import ROOT
+    from .support import ROOT
 
     setup = (ROOT / "setup.cfg").read_text()
     for library, minor in WRITTEN_FOR.items():

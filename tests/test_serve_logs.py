@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import socketio
 
-from .served import BOW_GATEWAY, Served, clean_env, send_raw, serve
 from .support import SECRET, token
+from .support.served import BOW_GATEWAY, Served, clean_env, send_raw, serve
 
 PASSWORD = "a-password-of-our-own"
 AUTH = {"Authorization": "Basic " + base64.b64encode(f"pusher:{PASSWORD}".encode()).decode()}
@@ -185,6 +186,7 @@ def repeated(lines: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return twice
 
 
+@pytest.mark.slow
 async def test_every_line_is_json_and_no_request_logs_a_line_twice(tmp_path: Path) -> None:
     (tmp_path / "noisy_plugin.py").write_text(PLUGIN)
     config = tmp_path / "gateway.toml"

@@ -32,7 +32,7 @@ import pytest
 from bow_gateway.backplanes.redis import RedisBackplane
 from bow_gateway.backplanes.redis_instances import Instances
 
-from .redis_server import RedisServer, free_port
+from .support.redis_server import RedisServer, free_port
 
 BOOTSTRAP = r"""
 import asyncio, os, signal, sys, time

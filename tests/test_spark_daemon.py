@@ -10,10 +10,13 @@ import sys
 from pathlib import Path
 
 import pyspark
+import pytest
 
 import bow_gateway.seams
 from bow_gateway.job.config import parse_job_config
 from bow_gateway.job.spark import WARM_DAEMON, WORKER_PATH, local_defaults
+
+pytestmark = pytest.mark.spark
 
 FOLDER = Path(bow_gateway.seams.__file__).parent / "spark_daemon"  # as installed
 

@@ -22,39 +22,10 @@ from bow_gateway import Bow
 from bow_gateway.outbound.protocols import sse
 
 from .support import AUTH, PATH, SECRET, WAIT, Gateway, base_config, standard_bow, token, until
-from .test_protocol2_recovery import p2_bow
+from .support.protocol2 import p2_bow
+from .support.sse_client import Stream, data
 
 BLOG_42 = [{"blogId": 42}]
-
-
-class Stream:
-    """One SSE response read event by event (comment lines skipped)."""
-
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self.response = response
-
-    async def next(self, timeout: float = WAIT) -> dict[str, str]:
-        """The next event's fields (``id``, ``event``, ``data``); {} at the end of the stream."""
-        return await asyncio.wait_for(self._next(), timeout)
-
-    async def _next(self) -> dict[str, str]:
-        fields: dict[str, str] = {}
-        while True:
-            line = await self.response.content.readline()
-            if not line:
-                return fields
-            text = line.decode().rstrip("\n")
-            if text == "":
-                if fields:
-                    return fields
-                continue
-            if text.startswith(":"):
-                continue
-            key, _, value = text.partition(":")
-            fields[key] = value.removeprefix(" ")
-
-    async def ended(self, timeout: float = WAIT) -> bool:
-        return await self.next(timeout) == {}
 
 
 Open = Callable[..., Awaitable[Stream]]
@@ -93,11 +64,6 @@ async def push(gateway: Gateway, body: Any) -> str:
     async with gateway.http.post(gateway.url + PATH, json=body, headers=AUTH) as response:
         assert response.status == 204, await response.text()
         return response.headers["Bow-Position"]
-
-
-def data(body: Any) -> str:
-    """The payload's JSON as the stream carries it (this inbound's payload is the whole body)."""
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
 
 async def test_events_carry_their_positions(gateway: Gateway, open_stream: Open) -> None:

@@ -1,5 +1,5 @@
 """The SSE stream in a real browser: headless Chromium's ``EventSource`` on a page of another
-origin (the style and the WebDriver session of tests/test_cors.py)."""
+origin (the style of tests/test_cors.py, the WebDriver session of tests/support/browser.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from aiohttp import web
 
 from bow_gateway import Bow
 
-from . import test_cors
 from .support import AUTH, PATH, token
-from .test_cors import Browser, StartBow, gateway
+from .support import browser as chromium
+from .support.browser import Browser, StartBow, gateway
 
-browser = test_cors.browser  # the fixture, shared
+pytestmark = pytest.mark.browser
+
+browser = chromium.browser  # the fixture, shared
 
 PAGE = """<!doctype html>
 <meta charset="utf-8">

@@ -7,11 +7,10 @@ import random
 import pytest
 
 from bow_gateway.core.message import validate_message
+from bow_gateway.core.topic_index import FilterSet, TopicIndex
 from bow_gateway.core.topics import (
     MAX_FILTER_BYTES,
     MAX_FILTER_LEVELS,
-    FilterSet,
-    TopicIndex,
     filter_matches,
     parse_filter,
 )

@@ -19,14 +19,15 @@ import aiohttp
 import pytest
 
 from bow_gateway import Bow
-from bow_gateway.core.topics import TopicIndex, filter_matches, parse_filter
+from bow_gateway.core.topic_index import TopicIndex
+from bow_gateway.core.topics import filter_matches, parse_filter
 from bow_gateway.outbound.connection import Connection
 
-from .flywheel_client import FlywheelClient
-from .gobbler_client import GobblerClient
 from .support import Gateway, base_config, metric, token
-from .test_flywheel import bearer, flywheel_bow
-from .test_gobbler import gobbler_bow
+from .support.flywheel import bearer, flywheel_bow
+from .support.flywheel_client import FlywheelClient
+from .support.gobbler import gobbler_bow
+from .support.gobbler_client import GobblerClient
 
 Serve = Callable[[Bow], Awaitable[Gateway]]
 TOO_MANY_REQUESTS = 4011

@@ -14,10 +14,10 @@ import aiohttp
 import pytest
 
 from bow_gateway import Bow
-from bow_gateway.core.topics import TopicIndex
+from bow_gateway.core.topic_index import TopicIndex
 
 from .support import AUTH, PATH, WAIT, Gateway, base_config, token, until
-from .test_protocol2_recovery import BLOG_42, P2, P2Gateway, p2_bow
+from .support.protocol2 import BLOG_42, P2, P2Gateway, p2_bow
 
 READER = {"role": "reader", "blogId": 42}
 

@@ -17,6 +17,7 @@ from ..ingress.inbound import Enrich, Handler, health_handler, message_handler
 from ..ingress.inbound_auth import BasicAuth
 from ..ingress.publisher import Publisher
 from ..outbound import SocketOutbound
+from ..outbound.endpoints import PlainWebSocketEndpoint
 from ..outbound.protocols.flywheel import FlywheelEndpoint
 from ..outbound.protocols.gobbler import GobblerEndpoint
 from ..outbound.protocols.sse import SseEndpoint
@@ -45,6 +46,28 @@ def build_app(
     """Every route, behind the inbounds' Basic Auth (:mod:`bow_gateway.ingress.inbound_auth`) but
     for the endpoints clients use; and the plain JSON inbounds, for the fast path
     (:mod:`bow_gateway.ingress.http_fast_path`)."""
+    open_paths = _open_paths(config, inbounds)
+    app = web.Application(client_max_size=config.max_body_size)
+    auth = BasicAuth(
+        realm=config.realm,
+        username=config.username,
+        password=config.password,
+        is_open=lambda path: path in open_paths or path.startswith(SOCKETIO_PATH),
+        max_failures_per_minute=config.max_auth_failures_per_minute,
+    )
+    fast = _add_inbounds(app, auth, config, inbounds, publisher, metrics, enrich)
+    control.add_routes(lambda path, handler: auth.add(app, "POST", path, handler), inbounds)
+    health = health_handler(serving, health_check, timeout=config.inbound_timeout)
+    auth.add(app, "GET", HEALTH_PATH, health)
+    if config.metrics_port is None:
+        auth.add(app, "GET", METRICS_PATH, metrics.handle)
+    _add_outbound(app, auth, config, outbound)
+    auth.seal(app)  # the catch-all route; no route without credentials but the open ones
+    return app, fast
+
+
+def _open_paths(config: Config, inbounds: Mapping[str, InboundPlugin]) -> set[str]:
+    """The paths served without the inbounds' credentials."""
     open_paths = {HEALTH_PATH}
     # The clients' endpoints take a listener's token, not the inbounds' credentials
     client_paths = [
@@ -58,15 +81,19 @@ def build_app(
         open_paths.add(path)
     if config.metrics_port is None and not config.metrics_auth:
         open_paths.add(METRICS_PATH)
-    app = web.Application(client_max_size=config.max_body_size)
-    auth = BasicAuth(
-        realm=config.realm,
-        username=config.username,
-        password=config.password,
-        is_open=lambda path: path in open_paths or path.startswith(SOCKETIO_PATH),
-        max_failures_per_minute=config.max_auth_failures_per_minute,
-    )
+    return open_paths
 
+
+def _add_inbounds(
+    app: web.Application,
+    auth: BasicAuth,
+    config: Config,
+    inbounds: Mapping[str, InboundPlugin],
+    publisher: Publisher,
+    metrics: Metrics,
+    enrich: Enrich | None,
+) -> dict[bytes, FastRoute]:
+    """Every inbound's route; the plain JSON ones, for the fast path."""
     fast: dict[bytes, FastRoute] = {}
     for spec in inbounds.values():
         plain = "{" not in spec.path
@@ -87,11 +114,14 @@ def build_app(
         elif accept_json is not None:
             fast[spec.path.encode()] = FastRoute(accept_json, auth.header, auth.attempts)
         auth.add(app, "POST", spec.path, handler, checks_itself=plain)
-    control.add_routes(lambda path, handler: auth.add(app, "POST", path, handler), inbounds)
-    health = health_handler(serving, health_check, timeout=config.inbound_timeout)
-    auth.add(app, "GET", HEALTH_PATH, health)
-    if config.metrics_port is None:
-        auth.add(app, "GET", METRICS_PATH, metrics.handle)
+    return fast
+
+
+def _add_outbound(
+    app: web.Application, auth: BasicAuth, config: Config, outbound: SocketOutbound
+) -> None:
+    """Socket.IO's routes and the other client protocols' endpoints, under the handshake
+    limits."""
     # python-socketio's attach(), with the handshake limits around its handler; an SSE
     # stream is a new connection too, under the same limits
     limits = HandshakeLimits(
@@ -107,26 +137,20 @@ def build_app(
     if config.sse_path is not None:
         sse = SseEndpoint(outbound, limits, cors_origins=config.cors_origins)
         auth.add(app, "GET", config.sse_path, sse.handle)
-    if config.flywheel_path is not None:
-        flywheel = FlywheelEndpoint(
-            outbound,
-            limits,
-            max_incoming_bytes=config.max_incoming_bytes,
-            max_publishes_per_second=config.max_publishes_per_second,
-            cors_origins=config.cors_origins,
-        )
-        auth.add(app, "GET", config.flywheel_path, flywheel.handle)
-    if config.gobbler_path is not None:
-        gobbler = GobblerEndpoint(
-            outbound,
-            limits,
-            max_incoming_bytes=config.max_incoming_bytes,
-            max_publishes_per_second=config.max_publishes_per_second,
-            cors_origins=config.cors_origins,
-        )
-        auth.add(app, "GET", config.gobbler_path, gobbler.handle)
-    auth.seal(app)  # the catch-all route; no route without credentials but the open ones
-    return app, fast
+    websockets: tuple[tuple[str | None, type[PlainWebSocketEndpoint]], ...] = (
+        (config.flywheel_path, FlywheelEndpoint),
+        (config.gobbler_path, GobblerEndpoint),
+    )
+    for path, endpoint in websockets:
+        if path is not None:
+            plain = endpoint(
+                outbound,
+                limits,
+                max_incoming_bytes=config.max_incoming_bytes,
+                max_publishes_per_second=config.max_publishes_per_second,
+                cors_origins=config.cors_origins,
+            )
+            auth.add(app, "GET", path, plain.handle)
 
 
 def check_inbound(path: Any, api_prefix: str, body_function: Any, request_function: Any) -> None:

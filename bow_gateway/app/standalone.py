@@ -55,7 +55,8 @@ from ..core.plugins import (
     MiddlewarePlugin,
     OutboundPlugin,
 )
-from ..runtime.config import _ConfigSchema, _HttpsSchema, load_config
+from ..runtime.config import load_config
+from ..runtime.config_schema import _ConfigSchema, _HttpsSchema
 from .plugin_tables import PLUGIN_KEYS, importable, naming, read_plugins
 from .server import Bow
 from .standalone_defaults import (

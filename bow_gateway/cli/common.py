@@ -16,6 +16,8 @@ EXAMPLE_ID: Final = "USER/1"
 EXAMPLE_CRITERIA: Final = '{"role": "admin"}'
 EXAMPLE_AUDIENCE: Final = '[{"role": "admin"}]'
 EXAMPLE_PAYLOAD: Final = '{"text": "hello"}'
+MISSING_PART: Final = 3
+"""The exit status when an extra's package is missing (2 is a bad argument or configuration)."""
 
 
 class UsageError(Exception):

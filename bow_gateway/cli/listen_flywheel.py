@@ -27,6 +27,7 @@ from .listening import (
     Plan,
     coded,
     print_line,
+    read_until_stopped,
     reconnects_now,
     say,
 )
@@ -48,17 +49,8 @@ async def run(plan: Plan) -> int:
     stop = stop_on_signals()
     async with aiohttp.ClientSession() as http:
         listener = FlywheelListener(http, plan, address_of(plan), str(uuid.uuid4()))
-        reading = asyncio.ensure_future(listener.run())
-        stopping = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-        if not reading.done():  # Ctrl-C: stop reading, then close as a client does
-            reading.cancel()
-            await asyncio.gather(reading, return_exceptions=True)
-            return 0
-        return reading.result()
+        status = await read_until_stopped(stop, listener.run())
+        return 0 if status is None else status
 
 
 class FlywheelListener:

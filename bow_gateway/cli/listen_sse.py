@@ -20,17 +20,9 @@ from typing import Any, Final
 
 import aiohttp
 
+from . import listening
 from .common import stop_on_signals
-from .listening import (
-    FIRST_DELAY,
-    MAX_DELAY,
-    PATIENCE,
-    Plan,
-    coded,
-    print_line,
-    reconnects_now,
-    say,
-)
+from .listening import Plan, coded, print_line, read_until_stopped, reconnects_now, say
 
 TOKEN_EXPIRED: Final = "token_expired"
 
@@ -62,23 +54,13 @@ async def run(plan: Plan) -> int:
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     async with aiohttp.ClientSession(timeout=timeout) as http:
         listener = SseListener(http, plan)
-        reading = asyncio.ensure_future(listener.run())
-        stopping = asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-        if not reading.done():
-            reading.cancel()
-            status = 0
-        else:
-            status = reading.result()
+        status = await read_until_stopped(stop, listener.run())
     if listener.last_id:
         say(
             f"bow-gateway listen: last position {listener.last_id} "
             f"(resume with --since {listener.last_id})"
         )
-    return status
+    return 0 if status is None else status
 
 
 class SseListener:
@@ -93,7 +75,7 @@ class SseListener:
         self.opened = False  # a stream was opened once: later ones resume
 
     async def run(self) -> int:
-        delay = FIRST_DELAY
+        delay = listening.FIRST_DELAY
         lost_since: float | None = None
         while True:
             ended = await self.stream()
@@ -103,7 +85,7 @@ class SseListener:
                     return 1
                 say("bow-gateway listen: reopening with a fresh token")
                 self.token = self.plan.fresh()
-                lost_since, delay = None, FIRST_DELAY
+                lost_since, delay = None, listening.FIRST_DELAY
                 continue
             if ended.kind == "refused" and ended.status != 503:
                 text = ended.info.get("text") or ended.why
@@ -116,11 +98,12 @@ class SseListener:
                 say(f"bow-gateway listen: cannot reach {self.address}: {ended.why}")
                 return 1
             if ended.opened:
-                lost_since, delay = None, FIRST_DELAY  # it had a stream: patience starts again
+                # it had a stream: patience starts again
+                lost_since, delay = None, listening.FIRST_DELAY
             now = time.monotonic()
             lost_since = now if lost_since is None else lost_since
-            if now - lost_since > PATIENCE:
-                say(f"bow-gateway listen: no stream for {PATIENCE:g} s: giving up")
+            if now - lost_since > listening.PATIENCE:
+                say(f"bow-gateway listen: no stream for {listening.PATIENCE:g} s: giving up")
                 return 1
             wait = max(delay, ended.retry_after)
             if ended.kind == "alert":
@@ -139,7 +122,7 @@ class SseListener:
             after = f" after {self.last_id}" if self.last_id else ""
             say(f"bow-gateway listen: {said}; resuming{after} in {wait:g} s")
             await asyncio.sleep(wait)
-            delay = min(delay * 2, MAX_DELAY)
+            delay = min(delay * 2, listening.MAX_DELAY)
             if self.plan.fresh is not None:
                 self.token = self.plan.fresh()
 

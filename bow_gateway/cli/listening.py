@@ -8,7 +8,7 @@ import asyncio
 import json
 import sys
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -83,3 +83,19 @@ async def first_of(*events: asyncio.Event, timeout: float | None = None) -> asyn
         for waiter in waiters:
             waiter.cancel()
     return next((event for event in events if event.is_set()), None)
+
+
+async def read_until_stopped(stop: asyncio.Event, read: Coroutine[Any, Any, int]) -> int | None:
+    """Run ``read`` until it ends (its exit status) or ``stop`` is set (Ctrl-C, SIGTERM: None,
+    once ``read`` is cancelled and has ended, as a client closes)."""
+    reading = asyncio.ensure_future(read)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not reading.done():
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+        return None
+    return reading.result()

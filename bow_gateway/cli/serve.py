@@ -24,6 +24,7 @@ from ..app.standalone_defaults import (
 from ..app.workers import run_workers, worker_settings
 from ..backplanes import BackplaneUnavailable
 from ..core.enrichers import EnricherInitError
+from ..runtime.config import Config
 from ..runtime.logs import configure_logging
 from .common import (
     DEFAULT_URL,
@@ -100,6 +101,32 @@ def tour(bow: Bow, settings: Settings) -> str:
     everywhere = config.host in {"0.0.0.0", "::", ""}
     host = "127.0.0.1" if everywhere else config.host
     url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{bow.port}"
+    password = _inbound_password(settings)
+    lines = _serving(config, settings, url, everywhere, password)
+    json_inbounds = [i for i in settings.inbounds if i.create_message_from_request_body]
+    if not json_inbounds or not settings.outbounds:
+        return "\n".join(lines)
+    lines += _try_it(config, settings, url, password, json_inbounds[0].path)
+    lines.append("Ctrl-C stops the gateway.")
+    return "\n".join(lines)
+
+
+def _inbound_password(settings: Settings) -> str:
+    """The inbounds' password as the tour shows it: a variable, the default's, or where."""
+    default = settings.source is None
+    if "inbound.password" in settings.environment:
+        password = f"${PASSWORD_ENV}"
+    elif default:
+        password = DEV_INBOUND_PASSWORD
+    else:
+        password = f"<inbound.password in {settings.source}>"
+    return password
+
+
+def _serving(
+    config: Config, settings: Settings, url: str, everywhere: bool, password: str
+) -> list[str]:
+    """Where the gateway serves: its configuration, every inbound and outbound endpoint."""
     default = settings.source is None
     lines = [
         f"bow-gateway {__version__} is serving on {url}"
@@ -113,12 +140,6 @@ def tour(bow: Bow, settings: Settings) -> str:
         ),
         "",
     ]
-    if "inbound.password" in settings.environment:
-        password = f"${PASSWORD_ENV}"
-    elif default:
-        password = DEV_INBOUND_PASSWORD
-    else:
-        password = f"<inbound.password in {settings.source}>"
     for inbound in settings.inbounds:
         lines.append(
             f"  push:   POST {url}{inbound.path}  Basic Auth {config.username} / {password}"
@@ -153,11 +174,12 @@ def tour(bow: Bow, settings: Settings) -> str:
         )
     elif default:
         lines.append(f"  tokens: HS256 JWTs signed with ${JWT_SECRET_ENV}")
-    json_inbounds = [i for i in settings.inbounds if i.create_message_from_request_body]
-    if not json_inbounds or not settings.outbounds:
-        return "\n".join(lines)
+    return lines
 
-    path = json_inbounds[0].path
+
+def _try_it(config: Config, settings: Settings, url: str, password: str, path: str) -> list[str]:
+    """Commands to try it with from other terminals: a token, a listener, a push."""
+    default = settings.source is None
     version = settings.outbounds[0].version
     target = [] if url == DEFAULT_URL else ["--url", url]
     push = ["bow-gateway", "push", *target]
@@ -174,7 +196,7 @@ def tour(bow: Bow, settings: Settings) -> str:
         listen += ["--version", version]
     body = json.dumps({"name": "greeting", "audience": [{"role": "admin"}], "text": "hello"})
     credentials = f"{config.username}:{curl_password}"
-    lines += [
+    lines = [
         "",
         "Try it from another terminal:",
         f"  TOKEN=$(bow-gateway token --id {EXAMPLE_ID} --criteria '{EXAMPLE_CRITERIA}')",
@@ -201,8 +223,7 @@ def tour(bow: Bow, settings: Settings) -> str:
             f"  (bow-gateway token signs with ${JWT_SECRET_ENV} or --secret: that fits the"
             " bundled JWT outbound; your own outbound decides what a token is)"
         )
-    lines.append("Ctrl-C stops the gateway.")
-    return "\n".join(lines)
+    return lines
 
 
 def _join(words: Sequence[str]) -> str:

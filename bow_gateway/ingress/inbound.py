@@ -78,29 +78,10 @@ def message_handler(
     limits: dict[str, Any] = {"max_queries": max_queries, "max_predicates": max_predicates}
 
     def refused(method: str, path: str, error: web.HTTPException) -> None:
-        metrics.messages_refused.labels(inbound.path, str(error.status)).inc()
-        level = logging.WARNING if error.status >= 500 else logging.INFO
-        # The cause, when there is one, is for the log only (a Redis address, a plugin).
-        cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
-        logger.log(level, "refused %s %s: %s%s", method, path, error.text, cause)
+        log_refusal(metrics, inbound.path, method, path, error)
 
     def checked(raw: Any, batch: bool) -> list[Message]:
-        if batch and len(raw) > max_batch:
-            raise web.HTTPRequestEntityTooLarge(
-                max_batch,
-                len(raw),
-                text=f"413: the inbound's function returned {len(raw)} messages, over "
-                f"inbound.max_batch ({max_batch})",
-            )
-        try:
-            if not batch:
-                return [validate_message(raw, prefix="", **limits)]
-            return [
-                validate_message(value, prefix=str(index), **limits)
-                for index, value in enumerate(raw)
-            ]
-        except ValueError as error:  # the first faulty message's
-            raise unprocessable(f"invalid message: {error}") from None
+        return checked_messages(raw, batch, max_batch, limits)
 
     async def published(argument: Any) -> str | None:
         """The message function on ``argument``, the checks, the enrichers, one trip to the
@@ -150,6 +131,39 @@ def message_handler(
             raise
 
     return InboundHandler(handle, accept_json if read is read_json else None)
+
+
+def log_refusal(
+    metrics: Metrics, inbound: str, method: str, path: str, error: web.HTTPException
+) -> None:
+    """Count a request of inbound path ``inbound`` refused, and log why."""
+    metrics.messages_refused.labels(inbound, str(error.status)).inc()
+    level = logging.WARNING if error.status >= 500 else logging.INFO
+    # The cause, when there is one, is for the log only (a Redis address, a plugin).
+    cause = f" ({error.__cause__})" if error.__cause__ is not None else ""
+    logger.log(level, "refused %s %s: %s%s", method, path, error.text, cause)
+
+
+def checked_messages(
+    raw: Any, batch: bool, max_batch: int, limits: dict[str, Any]
+) -> list[Message]:
+    """What a message function returned (one message, or a ``batch``), checked: ``413`` over
+    ``max_batch`` messages, ``422`` naming the first faulty one."""
+    if batch and len(raw) > max_batch:
+        raise web.HTTPRequestEntityTooLarge(
+            max_batch,
+            len(raw),
+            text=f"413: the inbound's function returned {len(raw)} messages, over "
+            f"inbound.max_batch ({max_batch})",
+        )
+    try:
+        if not batch:
+            return [validate_message(raw, prefix="", **limits)]
+        return [
+            validate_message(value, prefix=str(index), **limits) for index, value in enumerate(raw)
+        ]
+    except ValueError as error:  # the first faulty message's
+        raise unprocessable(f"invalid message: {error}") from None
 
 
 async def enriched(enrich: Enrich, messages: list[Message], batch: bool) -> list[Message]:

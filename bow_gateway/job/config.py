@@ -215,17 +215,37 @@ def _input(
     extra = _table(table, "options", where + "options")
     options = {str(k): _conf_value(v, f"{where}options.{k}") for k, v in extra.items()}
     if kind != "jdbc":
-        _only(table, where, {"name", "format", "path", "schema", "options"})
-        raw = table.get("path")
-        paths = [raw] if isinstance(raw, str) else raw
-        if (
-            not paths
-            or not isinstance(paths, list)
-            or not all(isinstance(p, str) and p for p in paths)
-        ):
-            raise ConfigError(f"{where}path: a path or a list of paths is required")
-        schema = _str(table, "schema", where + "schema", required=False)
-        return Input(name, kind, options, tuple(_path(p, base) for p in paths), schema)
+        return _file_input(table, where, base, name, kind, options)
+    return _jdbc_input(table, where, environ, base, name, options)
+
+
+def _file_input(
+    table: dict[str, Any],
+    where: str,
+    base: Path | None,
+    name: str,
+    kind: str,
+    options: dict[str, str],
+) -> Input:
+    """A Parquet, CSV or JSON input: its paths, and its schema."""
+    _only(table, where, {"name", "format", "path", "schema", "options"})
+    raw = table.get("path")
+    paths = [raw] if isinstance(raw, str) else raw
+    if not paths or not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+        raise ConfigError(f"{where}path: a path or a list of paths is required")
+    schema = _str(table, "schema", where + "schema", required=False)
+    return Input(name, kind, options, tuple(_path(p, base) for p in paths), schema)
+
+
+def _jdbc_input(
+    table: dict[str, Any],
+    where: str,
+    environ: Mapping[str, str],
+    base: Path | None,
+    name: str,
+    options: dict[str, str],
+) -> Input:
+    """A JDBC input: its URL, a table or a query, the credentials, the driver, the partitions."""
     _only(
         table,
         where,
@@ -271,6 +291,17 @@ def _input(
         if variable not in environ:
             raise ConfigError(f"{where}password_env: the environment variable {variable} is unset")
         options["password"] = environ[variable]
+    _partitioning(table, where, options)
+    jar = _str(table, "jar", where + "jar", required=False)
+    if jar is not None:
+        jar = _path(jar, base)
+        if not os.path.isfile(jar):
+            raise ConfigError(f"{where}jar: no such file {jar} (Debian: libpostgresql-jdbc-java)")
+    return Input(name, "jdbc", options, jar=jar)
+
+
+def _partitioning(table: dict[str, Any], where: str, options: dict[str, str]) -> None:
+    """A partitioned JDBC read's options: all four, or none."""
     partitioning = ("partition_column", "lower_bound", "upper_bound", "num_partitions")
     given = [key for key in partitioning if key in table]
     if given and len(given) != len(partitioning):
@@ -284,12 +315,6 @@ def _input(
             "num_partitions": "numPartitions",
         }[key]
         options[spark_name] = _conf_value(table[key], where + key)
-    jar = _str(table, "jar", where + "jar", required=False)
-    if jar is not None:
-        jar = _path(jar, base)
-        if not os.path.isfile(jar):
-            raise ConfigError(f"{where}jar: no such file {jar} (Debian: libpostgresql-jdbc-java)")
-    return Input(name, kind, options, jar=jar)
 
 
 def _only(table: Mapping[str, Any], where: str, allowed: set[str]) -> None:

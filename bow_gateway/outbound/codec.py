@@ -5,7 +5,7 @@ protocol 2 adds ``meta`` to events, a result to acks and ``info`` to alerts), an
 from __future__ import annotations
 
 import abc
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypedDict, Unpack
 
 from ..core.codes import Code
 from ..core.message import Message, MessageEvent, dumps
@@ -17,6 +17,16 @@ GAP_EVENT: Final = "__gap"
 # What a codec makes of a message at a position, once for all its connections: the packet (as
 # queued behind a replay or for a long-polling client) and the bytes written to a transport.
 Encoded = tuple[bytes, bytes]
+
+
+class AlertOptions(TypedDict, total=False):
+    """An alert's options, each codec taking those its protocol tells: ``fatal`` (True unless
+    given: the connection closes after it), ``reconnect`` (protocol 2's advice), ``session``
+    (the connection's, where the protocol addresses alerts to it)."""
+
+    fatal: bool
+    reconnect: str | None
+    session: str | None
 
 
 class Codec(Protocol):
@@ -40,17 +50,8 @@ class Codec(Protocol):
         """The bytes written to a transport for one packet."""
         ...
 
-    def alert(
-        self,
-        code: Code,
-        text: str,
-        *,
-        fatal: bool = True,
-        reconnect: str | None = None,
-        session: str | None = None,
-    ) -> bytes:
-        """An alert packet: ``code`` and why (``session``: the connection's, where the protocol
-        addresses alerts to it)."""
+    def alert(self, code: Code, text: str, **options: Unpack[AlertOptions]) -> bytes:
+        """An alert packet: ``code`` and why, with :class:`AlertOptions`."""
         ...
 
     def gateway_event(self, name: str, meta: dict[str, Any]) -> bytes:
@@ -82,15 +83,8 @@ class SocketIO:
     def frame(self, packet: bytes) -> bytes:
         return websocket_frame(b"4" + packet)  # an Engine.IO MESSAGE
 
-    def alert(
-        self,
-        code: Code,
-        text: str,
-        *,
-        fatal: bool = True,
-        reconnect: str | None = None,
-        session: str | None = None,
-    ) -> bytes:
+    def alert(self, code: Code, text: str, **options: Unpack[AlertOptions]) -> bytes:
+        fatal, reconnect = options.get("fatal", True), options.get("reconnect")
         return alert(self.proto, code, text, fatal=fatal, reconnect=reconnect)
 
     def gateway_event(self, name: str, meta: dict[str, Any]) -> bytes:
@@ -120,16 +114,10 @@ class FramedCodec(abc.ABC):
     def frame(self, packet: bytes) -> bytes:
         return packet
 
-    def alert(
-        self,
-        code: Code,
-        text: str,
-        *,
-        fatal: bool = True,
-        reconnect: str | None = None,
-        session: str | None = None,
-    ) -> bytes:
-        return b"" if fatal else self.notice(code, text, session)
+    def alert(self, code: Code, text: str, **options: Unpack[AlertOptions]) -> bytes:
+        if options.get("fatal", True):
+            return b""
+        return self.notice(code, text, options.get("session"))
 
     @abc.abstractmethod
     def notice(self, code: Code, text: str, session: str | None) -> bytes:

@@ -7,21 +7,23 @@ code of section 10."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, ClassVar, Final, NamedTuple
 
 from aiohttp import WSMessage, WSMsgType, hdrs, web
 
 from ..core import codes
 from ..core.codes import Code
 from ..core.plugins import OutboundPlugin
+from ..runtime.http_server import HandshakeLimits
 from ..runtime.ratelimit import TokenBucket
-from ..seams.transport import INCOMING_BURST, INCOMING_RATE
+from ..seams.guard import INCOMING_BURST, INCOMING_RATE
 from .connection import Connection, logger
 
 if TYPE_CHECKING:
     from .sockets import SocketOutbound
 
 MAX_CLOSE_REASON: Final = 123  # bytes of a close frame's reason (RFC 6455 5.5)
+CLOSE_WAIT: Final = 1.0  # seconds a closed connection's client has to answer the close
 
 
 def pick_version(
@@ -163,8 +165,8 @@ def plain_websocket(
 
 class IncomingFrames:
     """What a plain-WebSocket client (Flywheel, Gobbler) sends, held to the rule and the numbers
-    of Socket.IO's (:data:`~..seams.transport.INCOMING_BURST` frames at once, then
-    :data:`~..seams.transport.INCOMING_RATE` a second; past it, 4011): data frames and control
+    of Socket.IO's (:data:`~..seams.guard.INCOMING_BURST` frames at once, then
+    :data:`~..seams.guard.INCOMING_RATE` a second; past it, 4011): data frames and control
     frames alike. A ping costs the gateway a pong, a pong a look at the connection's pings: a
     client flooding either is closed as one flooding text frames. Its websocket must be a
     :func:`plain_websocket` (pings are answered here, not by aiohttp)."""
@@ -243,3 +245,76 @@ def close_reason(text: str) -> bytes:
 def not_an_upgrade(protocol: str) -> web.Response:
     text = f"the {protocol} outbound takes a WebSocket upgrade (GET with Upgrade: websocket)"
     return refusal(codes.BAD_REQUEST, 400, text)
+
+
+class Upgraded(NamedTuple):
+    """A plain WebSocket opened, and the outbound its client asked for."""
+
+    websocket: web.WebSocketResponse
+    plugin: OutboundPlugin
+
+
+class PlainWebSocketEndpoint:
+    """What the plain-WebSocket endpoints (Flywheel, Gobbler) share: their settings, and the
+    upgrade: the origin, the handshake limits, the version asked for."""
+
+    protocol: ClassVar[str]  # as logs and refusals name it
+
+    def __init__(
+        self,
+        outbound: SocketOutbound,
+        limits: HandshakeLimits,
+        *,
+        max_incoming_bytes: int = 16_384,
+        max_publishes_per_second: int = 100,
+        cors_origins: list[str] | None = None,
+    ) -> None:
+        self._outbound = outbound
+        self._limits = limits
+        self._origins = Origins(cors_origins)
+        self._max_incoming_bytes = max_incoming_bytes
+        self._max_publishes = max_publishes_per_second
+        self._init_protocol()
+
+    def _init_protocol(self) -> None:
+        """What a protocol's endpoint keeps besides: set here, once the settings are."""
+
+    def _heartbeat(self) -> float | None:
+        """aiohttp's heartbeat: seconds without a byte from the client before it pings it."""
+        return None
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """``GET`` on the endpoint's path: a connection, for as long as it lasts."""
+        upgraded = await self._upgrade(request)
+        if not isinstance(upgraded, Upgraded):
+            return upgraded
+        await self._serve(request, upgraded.websocket, upgraded.plugin)
+        return upgraded.websocket
+
+    async def _serve(
+        self, request: web.Request, websocket: web.WebSocketResponse, plugin: OutboundPlugin
+    ) -> None:
+        """The protocol, over the WebSocket opened, until the connection ends."""
+        raise NotImplementedError
+
+    async def _upgrade(self, request: web.Request) -> web.StreamResponse | Upgraded:
+        """The WebSocket opened, with the outbound its client asked for; or the answer that
+        refuses it (a WebSocket closed with 4xxx once the version is unknown)."""
+        refused = self._origins.refuse(request, self.protocol)
+        if refused is not None:
+            return refused
+        why = await self._limits.admit()
+        if why is not None:
+            return too_busy(why)
+        websocket = plain_websocket(
+            self._max_incoming_bytes, CLOSE_WAIT, heartbeat=self._heartbeat()
+        )
+        if not websocket.can_prepare(request).ok:
+            return not_an_upgrade(self.protocol)
+        await websocket.prepare(request)
+        plugin, refusal = pick_version(self._outbound, request)
+        if plugin is None:
+            logger.info("refusing a %s connection: %s", self.protocol, refusal)
+            await websocket.close(code=codes.UNKNOWN_VERSION.code, message=close_reason(refusal))
+            return websocket
+        return Upgraded(websocket, plugin)

@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, Unpack
 
 from ..core.codes import Code
 from ..core.history import History
 from ..core.index import CriteriaIndex
 from ..core.message import Event
 from ..core.plugins import CreateCriteriaFromListenerDetails
-from ..core.topics import TopicIndex
+from ..core.topic_index import TopicIndex
 from ..runtime.metrics import Metrics
 from .connection import Connection, Settings
 from .sessions import Sessions
 from .writer import Writer
+
+
+class Closing(TypedDict, total=False):
+    """How a connection is closed: ``kind`` (the disconnect's reason, as metrics label it),
+    ``reconnect`` (protocol 2's advice)."""
+
+    kind: str | None
+    reconnect: str | None
 
 
 class Sockets(Protocol):
@@ -39,11 +47,6 @@ class Sockets(Protocol):
     async def disconnect_soon(self, connection: Connection) -> None: ...
 
     def close(
-        self,
-        connection: Connection,
-        code: Code,
-        text: str,
-        *,
-        kind: str | None = None,
-        reconnect: str | None = None,
-    ) -> None: ...
+        self, connection: Connection, code: Code, text: str, **closing: Unpack[Closing]
+    ) -> None:
+        """Tell ``connection`` why with a fatal alert, then close it (soon, and once)."""

@@ -10,7 +10,7 @@ from ..core.criteria import Criteria, ListenerId
 from ..core.history import DISABLED, Kept, Recovery
 from ..core.index import entries_of, matches
 from ..core.message import Message
-from ..core.topics import FilterSet
+from ..core.topic_index import FilterSet
 from .codec import Codec
 from .connection import Connection
 from .parts import Sockets

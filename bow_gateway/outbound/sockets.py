@@ -24,7 +24,7 @@ from ..core.message import (
     Event,
 )
 from ..core.plugins import CreateCriteriaFromListenerDetails, OutboundPlugin
-from ..core.topics import TopicIndex
+from ..core.topic_index import TopicIndex
 from ..runtime.metrics import Metrics
 from ..seams import LeanSocket, socketio_server
 from .admission import Admission

@@ -19,7 +19,8 @@ from collections.abc import Collection, Hashable
 from typing import Any, Final
 
 from ..core import codes
-from ..core.topics import TopicIndex, parse_filter
+from ..core.topic_index import TopicIndex
+from ..core.topics import parse_filter
 from . import codec
 from .connection import Connection, logger
 from .parts import Sockets

@@ -109,48 +109,22 @@ class TopicHistory:
         count: int,
         *,
         until: Callable[[Stored], bool] | None = None,
+        take: Take | None = None,
     ) -> AsyncIterator[list[MessageEvent]]:
         """The messages of ``topic`` from sequence ``begin`` that ``connection`` may see now, at
         most ``count`` read (``until``: stop at the first entry it says is past the end), a
-        chunk's at a time (a list, maybe empty), decoded in slices on the history's lane."""
+        chunk's at a time (a list, maybe empty), decoded in slices on the history's lane.
+
+        ``take``: each message is given to it instead, with the entry it was read from, as it is
+        decoded (in the slice that decoded it), and the chunks are empty: a reader that keeps
+        what it needs (the entry, to decode it again later) holds no decoded message of its
+        own."""
         events: list[MessageEvent] = []
+        if take is None:
 
-        def take(stored: Stored, event: MessageEvent) -> None:
-            events.append(event)
+            def take(stored: Stored, event: MessageEvent) -> None:
+                events.append(event)
 
-        async for _ in self._scan(outbound, connection, topic, begin, count, take, until):
-            chunk, events = events, []
-            yield chunk
-
-    async def select(
-        self,
-        outbound: Sockets,
-        connection: Connection,
-        topic: str,
-        begin: int,
-        count: int,
-        take: Take,
-        *,
-        until: Callable[[Stored], bool] | None = None,
-    ) -> None:
-        """:meth:`replay`'s messages, each given to ``take`` with the entry it was read from, as
-        it is decoded (in the slice that decoded it): a reader that keeps what it needs (the
-        entry, to decode it again later) holds no decoded message of its own."""
-        async for _ in self._scan(outbound, connection, topic, begin, count, take, until):
-            pass
-
-    async def _scan(
-        self,
-        outbound: Sockets,
-        connection: Connection,
-        topic: str,
-        begin: int,
-        count: int,
-        take: Take,
-        until: Callable[[Stored], bool] | None,
-    ) -> AsyncIterator[None]:
-        """Reads for :meth:`replay` and :meth:`select`: ``take`` each message that
-        ``connection`` may see now; yields after each chunk."""
         rule = self.retentions.rule_for(topic)
         if rule is None or count <= 0:
             return
@@ -186,6 +160,7 @@ class TopicHistory:
                         await slices.pause()
             finally:
                 slices.end()
-            yield None
+            chunk_events, events = events, []
+            yield chunk_events
             if ended:
                 return

@@ -35,18 +35,23 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        registry = self.registry
+        self._add_connection_metrics()
+        self._add_message_metrics()
+        self._add_protocol_metrics()
+
+    def _add_connection_metrics(self) -> None:
+        """Connections and sockets: open, held as listeners, authenticated, disconnected."""
         self.connections_open = Gauge(
             "bow_connections_open",
             "Engine.IO connections open, from their first request, authenticated or not.",
-            registry=registry,
+            registry=self.registry,
             multiprocess_mode="livesum",
         )
         self.sockets_connected = Gauge(
             "bow_sockets_connected",
             "Client connections open (Socket.IO, SSE, Flywheel), by outbound version and protocol.",
             ["outbound", "protocol"],
-            registry=registry,
+            registry=self.registry,
             multiprocess_mode="livesum",
         )
         self.sockets_authenticated = Gauge(
@@ -54,110 +59,118 @@ class Metrics:
             "Connections held as listeners (authenticated or anonymous), by outbound version and"
             " protocol.",
             ["outbound", "protocol"],
-            registry=registry,
+            registry=self.registry,
             multiprocess_mode="livesum",
         )
         self.authentications = Counter(
             "bow_authentications",
             "Authentication attempts, by outbound version and outcome.",
             ["outbound", "outcome"],
-            registry=registry,
+            registry=self.registry,
         )
         self.disconnects = Counter(
             "bow_disconnects",
             "Sockets disconnected, by reason.",
             ["reason"],
-            registry=registry,
+            registry=self.registry,
         )
+
+    def _add_message_metrics(self) -> None:
+        """Messages in and out: accepted, refused, delivered, how fast; the loop and its tasks."""
         self.messages_accepted = Counter(
             "bow_messages_accepted",
             "Messages answered 204, by inbound path.",
             ["inbound"],
-            registry=registry,
+            registry=self.registry,
         )
         self.messages_refused = Counter(
             "bow_messages_refused",
             "Messages refused, by inbound path and HTTP status.",
             ["inbound", "status"],
-            registry=registry,
+            registry=self.registry,
         )
         self.deliveries = Counter(
             "bow_deliveries",
             "Events written to connections, by protocol.",
             ["protocol"],
-            registry=registry,
+            registry=self.registry,
         )
         self.resolution_seconds = Histogram(
             "bow_audience_resolution_seconds",
             "Time to resolve one message's audience against the criteria index.",
-            registry=registry,
+            registry=self.registry,
             buckets=_LATENCY_BUCKETS,
         )
         self.latency_seconds = Histogram(
             "bow_delivery_latency_seconds",
             "From a message's acceptance by an inbound to its frames queued on every socket.",
-            registry=registry,
+            registry=self.registry,
             buckets=_LATENCY_BUCKETS,
         )
         self.loop_lag_seconds = Histogram(
             "bow_event_loop_lag_seconds",
             "How late the event loop ran a timer (sampled 4 times a second): the longest stall"
             " that heartbeats, HTTP and deliveries waited.",
-            registry=registry,
+            registry=self.registry,
             buckets=_LATENCY_BUCKETS,
         )
         self.task_restarts = Counter(
             "bow_task_restarts",
             "Background tasks that died and were restarted, by task.",
             ["task"],
-            registry=registry,
+            registry=self.registry,
         )
+
+    def _add_protocol_metrics(self) -> None:
+        """Protocol 2 and the clients' protocols: recoveries, gaps, expiries, publishes, closes."""
         self.recoveries = Counter(
             "bow_recoveries",
             "Protocol-2 recoveries (authenticate with since), by outcome and reason.",
             ["outcome", "reason"],
-            registry=registry,
+            registry=self.registry,
         )
         self.replayed = Counter(
-            "bow_replayed_messages", "Messages replayed to recovering sockets.", registry=registry
+            "bow_replayed_messages",
+            "Messages replayed to recovering sockets.",
+            registry=self.registry,
         )
         self.gaps = Counter(
             "bow_gaps",
             "Times the history broke under this instance (epoch_changed, trimmed).",
             ["reason"],
-            registry=registry,
+            registry=self.registry,
         )
         self.refreshes = Counter(
-            "bow_refreshes", "Protocol-2 re-authentications that succeeded.", registry=registry
+            "bow_refreshes", "Protocol-2 re-authentications that succeeded.", registry=self.registry
         )
         self.expiries = Counter(
-            "bow_expiries", "Sockets closed at exp + grace (4003).", registry=registry
+            "bow_expiries", "Sockets closed at exp + grace (4003).", registry=self.registry
         )
         self.subscribes = Counter(
             "bow_subscribes",
             "Protocol-2 subscribe events, by result (ok, error).",
             ["result"],
-            registry=registry,
+            registry=self.registry,
         )
         self.client_publishes = Counter(
             "bow_client_publishes",
             "Messages published by clients (Flywheel's P frames), by protocol and outcome.",
             ["protocol", "outcome"],
-            registry=registry,
+            registry=self.registry,
         )
         self.kicks = Counter(
-            "bow_kicks", "Listener ids kicked by POST /_bow/disconnect.", registry=registry
+            "bow_kicks", "Listener ids kicked by POST /_bow/disconnect.", registry=self.registry
         )
         self.limit_hits = Counter(
             "bow_closes",
             "Sockets closed by the gateway with a code of section 10, by code.",
             ["code"],
-            registry=registry,
+            registry=self.registry,
         )
         self.backplane_lag_seconds = Gauge(
             "bow_backplane_lag_seconds",
             "Age of the last event read from the backplane when it was read.",
-            registry=registry,
+            registry=self.registry,
             multiprocess_mode="max",
         )
 

@@ -47,8 +47,9 @@ def check_versions(version: Callable[[str], str] = installed_version) -> None:
 
 check_versions()
 
+from .guard import ProtocolViolation  # noqa: E402
 from .server import Server, ServerHooks, socketio_server  # noqa: E402
-from .transport import LeanSocket, ProtocolViolation  # noqa: E402
+from .transport import LeanSocket  # noqa: E402
 
 __all__ = [
     "WRITTEN_FOR",

@@ -22,44 +22,33 @@ the server's ``_async["websocket"]`` driver (:mod:`.websocket`),
 :class:`engineio.async_socket.AsyncSocket`'s methods,
 and python-socketio's ``_handle_eio_connect``, where :func:`make_lean` turns each new socket into
 a :class:`LeanSocket` before its first ping or websocket handshake.
+
+The long-polling half is :mod:`.polling`, what a client may send :mod:`.guard`, what a lean
+socket keeps :mod:`.socket_state`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import traceback
 from collections import deque
 from typing import Any, Final
 
 from engineio import exceptions as eio_exceptions
 from engineio import packet as eio_packet
 from engineio.async_socket import AsyncSocket
-from engineio.payload import Payload
 
 from ..runtime.ratelimit import TokenBucket, rate_limited
 from ..wire.frames import websocket_frame
+from .guard import INCOMING_BURST, INCOMING_RATE, ProtocolViolation, admit, decode
 from .pings import PING_FRAME, PingWheel
+from .polling import LongPolling, packet_size
+from .socket_state import DRAINED, LeanState
 
 logger = rate_limited("bow_gateway.transport")
 
-POLL_PACKETS: Final = Payload.max_decode_packets
-"""At most this many packets in one poll response: python-engineio's client refuses more (and
-reconnects, abandoning what the response carried)."""
-POLL_BYTES: Final = 262_144
-"""A poll response stops growing past this many bytes (its first packet always goes)."""
-PACKET_OVERHEAD: Final = 64
-"""Bytes a queued packet is counted for beyond its data, so that tiny ones are bounded too."""
-INCOMING_RATE: Final = 20.0
-INCOMING_BURST: Final = 100.0
-"""Packets a client may send: ``INCOMING_BURST`` at once, then ``INCOMING_RATE`` a second."""
 INBOX: Final = 16
 """Packets of a websocket waiting to be handled before its reading pauses."""
-_ACCEPTED: Final = frozenset({eio_packet.PONG, eio_packet.MESSAGE, eio_packet.CLOSE})
-
-
-class ProtocolViolation(eio_exceptions.EngineIOError):  # type: ignore[misc]
-    """A client sent what no Engine.IO client sends: its connection is closed."""
 
 
 def _frame_of(pkt: eio_packet.Packet) -> bytes:
@@ -69,66 +58,8 @@ def _frame_of(pkt: eio_packet.Packet) -> bytes:
     return websocket_frame(encoded.encode())
 
 
-class _Drained:
-    """engineio's queue once a socket writes straight to its websocket: nothing waits in it again.
-
-    An ``asyncio.Queue`` holds four deques, ~3 KB per socket for its whole life.
-    """
-
-    def qsize(self) -> int:
-        return 0
-
-    def empty(self) -> bool:
-        return True
-
-    def put_nowait(self, item: Any) -> None:
-        pass
-
-    async def put(self, item: Any) -> None:
-        pass
-
-    async def join(self) -> None:
-        pass
-
-
-_DRAINED: Final = _Drained()
-
-
-class _Lean:
-    """What :class:`LeanSocket` adds to engineio's socket, in one object with slots: engineio's
-    socket keeps its attributes inline in the object while few are added (~0.2 KB), and turns
-    them into a dict of its own (~0.9 KB) once more are."""
-
-    __slots__ = (
-        "closer",
-        "inbox",
-        "incoming",
-        "ping_due",
-        "poll_timer",
-        "polls",
-        "queued_bytes",
-        "reader",
-        "transport",
-        "websocket",
-    )
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None  # while a websocket
-        self.queued_bytes = 0  # what waits in engineio's queue for a long-poll
-        self.websocket: Any = None  # its driver, once upgraded
-        self.ping_due: float | None = None  # the tick of the ping wheel it is pinged at
-        self.poll_timer: asyncio.TimerHandle | None = None
-        self.closer: asyncio.Future[Any] | None = None
-        self.incoming: TokenBucket | None = None
-        self.inbox: deque[eio_packet.Packet | ProtocolViolation | None] | None = None
-        self.reader: asyncio.Task[None] | None = None  # reads the inbox while it holds some
-        self.polls = 0  # long-polling GETs under way
-
-
-class LeanSocket(AsyncSocket):  # type: ignore[misc]
+class LeanSocket(LongPolling):
     """An engineio socket whose websocket transport needs no task per packet (module doc)."""
-
-    _lean: _Lean  # set by make_lean
 
     @property
     def transport(self) -> asyncio.Transport | None:
@@ -142,7 +73,6 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
         return self._lean.queued_bytes
 
     # engineio's own state, set by its constructor
-    queue: Any  # an asyncio.Queue, then _DRAINED once the socket is a websocket
     last_ping: float | None
     connected: bool
     upgraded: bool
@@ -163,19 +93,9 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             if await self.check_ping_timeout():
                 self.write(_frame_of(pkt))
         elif self._lean.websocket is None:
-            self._lean.queued_bytes += _size(pkt)
+            self._lean.queued_bytes += packet_size(pkt)
             await super().send(pkt)  # long-polling, or not upgraded yet: engineio's queue
         # else the websocket is ending: nothing would ever read the queue
-
-    def enqueue(self, data: str) -> bool:
-        """Queue a MESSAGE for a long-poll now, without yielding (delivery order is kept across
-        sockets); False if the socket is (becoming) a websocket or closed."""
-        if self._lean.transport is not None or self._lean.websocket is not None or self.closing:
-            return False
-        pkt = eio_packet.Packet(eio_packet.MESSAGE, data)
-        self._lean.queued_bytes += _size(pkt)
-        self.queue.put_nowait(pkt)
-        return True
 
     def schedule_ping(self) -> None:
         if self.closing or self.closed:
@@ -194,30 +114,6 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
         else:
             self.write(PING_FRAME)
 
-    async def poll(self) -> list[eio_packet.Packet]:
-        """What waits for a long-poll, bounded by :data:`POLL_PACKETS` and :data:`POLL_BYTES`:
-        the rest stays queued for the next poll."""
-        try:
-            async with asyncio.timeout(self.server.ping_interval + self.server.ping_timeout):
-                first = await self.queue.get()
-        except (TimeoutError, asyncio.CancelledError):
-            raise eio_exceptions.QueueEmpty() from None
-        self.queue.task_done()
-        if first is None:
-            return []
-        packets = [first]
-        size = _size(first)
-        while len(packets) < POLL_PACKETS and size < POLL_BYTES and not self.queue.empty():
-            pkt = self.queue.get_nowait()
-            self.queue.task_done()
-            if pkt is None:  # closed: the poll after this one ends at once
-                self.queue.put_nowait(None)
-                break
-            packets.append(pkt)
-            size += _size(pkt)
-        self._lean.queued_bytes = max(0, self._lean.queued_bytes - size)
-        return packets
-
     async def handle_get_request(self, environ: dict[str, Any]) -> Any:
         self._cancel_poll_timer()
         if _upgrades_to_websocket(environ):
@@ -229,84 +125,24 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             if driver is None:
                 return self.server._bad_request()
             return await driver(self._websocket_handler, self.server)(environ)
-        self._lean.polls += 1
-        try:
-            return await super().handle_get_request(environ)
-        except eio_exceptions.QueueEmpty as error:  # a long-poll that waited in vain
-            # engineio raised it from a frame that holds it in a local (sys.exc_info()): a cycle
-            traceback.clear_frames(error.__traceback__)
-        finally:
-            self._lean.polls -= 1
-            # Not while another poll waits (a stale one the client left after a network blip)
-            lean = self._lean
-            if not (lean.polls or self.upgrading or self.upgraded or self.closing or self.closed):
-                # A long-polling client polls again as soon as it has a response: one that
-                # does not within ping_timeout has gone, and nothing should wait for it.
-                loop = asyncio.get_running_loop()
-                self._lean.poll_timer = loop.call_later(self.server.ping_timeout, self._poll_missed)
-        raise eio_exceptions.QueueEmpty()
-
-    def _poll_missed(self) -> None:
-        self._lean.poll_timer = None
-        if not (self.upgrading or self.upgraded or self.closing or self.closed):
-            reason = self.server.reason.PING_TIMEOUT
-            self._lean.closer = asyncio.ensure_future(self.shut(abort=True, reason=reason))
-
-    def _cancel_poll_timer(self) -> None:
-        if self._lean.poll_timer is not None:
-            self._lean.poll_timer.cancel()
-            self._lean.poll_timer = None
-
-    async def handle_post_request(self, environ: dict[str, Any]) -> None:
-        """Packets a long-polling client sent: at most ``max_http_buffer_size`` bytes of them."""
-        limit = self.server.max_http_buffer_size
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-            if length > limit:
-                raise ProtocolViolation(f"a POST of {length} bytes (at most {limit})")
-            timeout = self.server.body_timeout
-            try:
-                async with asyncio.timeout(timeout):
-                    body = await environ["wsgi.input"].read(length)
-            except TimeoutError:
-                raise ProtocolViolation(f"a POST whose body took over {timeout:g} s") from None
-            try:
-                packets = Payload(encoded_payload=body.decode()).packets
-            except ValueError as error:  # also a body that is not UTF-8
-                raise ProtocolViolation(f"a malformed payload ({error})") from None
-            for pkt in packets:
-                if self.closing or self.closed:  # an earlier packet of this POST ended it
-                    return
-                await self.receive(pkt)
-        except ProtocolViolation as error:
-            await self.violated(error)
-            if self.sid in self.server.sockets:
-                raise  # engineio answers 400 and forgets the socket
-            # Already forgotten (shut while this POST ran): engineio's handler would fail on it
+        return await self.long_poll(environ)
 
     async def receive(self, pkt: eio_packet.Packet) -> None:
         self._admit(pkt)
         await super().receive(pkt)
 
     def _admit(self, pkt: eio_packet.Packet) -> None:
-        """Raise :class:`ProtocolViolation` for a packet no Engine.IO client sends, or one past
-        the rate."""
-        if pkt.packet_type not in _ACCEPTED:
-            raise ProtocolViolation(f"an Engine.IO packet of type {pkt.packet_type!r}")
-        if not isinstance(pkt.data, str | None):
-            raise ProtocolViolation("a binary packet (this gateway takes none from clients)")
         bucket = self._lean.incoming
         if bucket is None:
             bucket = self._lean.incoming = TokenBucket(INCOMING_RATE, INCOMING_BURST)
-        if not bucket.take():
-            raise ProtocolViolation(f"over {INCOMING_RATE:g} packets a second")
+        admit(pkt, bucket)
 
     def received(self, data: str | bytes) -> bool:
         """A message of this socket's websocket, from its driver, in order: a PONG with nothing
         before it waiting is handled now, anything else by a task that lives while there is
         something to read. False once :data:`INBOX` wait (the driver pauses its reading)."""
         try:
-            pkt = _decode(data)
+            pkt = decode(data)
             self._admit(pkt)
         except ProtocolViolation as error:
             self._take_in(error)
@@ -426,7 +262,7 @@ class LeanSocket(AsyncSocket):  # type: ignore[misc]
             self.queue.task_done()
             if pkt is not None:
                 self.write(_frame_of(pkt))
-        self.queue = _DRAINED
+        self.queue = DRAINED
         self._lean.queued_bytes = 0
         if self.closing or self.closed:  # closed while upgrading
             self._lean.transport = None
@@ -446,21 +282,9 @@ def _upgrades_to_websocket(environ: dict[str, Any]) -> bool:
     }
 
 
-def _decode(data: str | bytes) -> eio_packet.Packet:
-    try:
-        return eio_packet.Packet(encoded_packet=data)
-    except ValueError:  # also a bad base64 payload
-        raise ProtocolViolation("a frame that is not an Engine.IO packet") from None
-
-
-def _size(pkt: eio_packet.Packet) -> int:
-    data = pkt.data
-    return PACKET_OVERHEAD + (len(data) if isinstance(data, str | bytes) else 0)
-
-
 def make_lean(server: Any, eio_sid: str) -> None:
     """Turn engineio's new socket ``eio_sid`` into a :class:`LeanSocket` (same state, methods)."""
     socket = server.sockets.get(eio_sid)
     if type(socket) is AsyncSocket:
-        socket._lean = _Lean()
+        socket._lean = LeanState()
         socket.__class__ = LeanSocket

@@ -21,33 +21,27 @@ from aiohttp import WSMsgType, web
 from ...core import codes
 from ...core.codes import Code
 from ...core.message import MessageEvent, dumps
-from ...runtime.http_server import HandshakeLimits
+from ...core.plugins import OutboundPlugin
 from ...runtime.ratelimit import TokenBucket
 from ...wire.frames import websocket_frame
 from ..codec import FramedCodec, text_body
 from ..connection import Connection, logger
 from ..endpoints import (
     IncomingFrames,
-    Origins,
-    close_reason,
+    PlainWebSocketEndpoint,
     close_websocket,
     let_go,
-    not_an_upgrade,
-    pick_version,
-    plain_websocket,
     take_in,
-    too_busy,
 )
 from ..publishing import PublishRefused
 from .flywheel_bind import Binder, error_frame
 
 if TYPE_CHECKING:
-    from ..sockets import SocketOutbound
+    pass
 
 PING_EVERY: Final = 25.0  # seconds between two pings to a connection
 PONG_WITHIN: Final = 20.0  # seconds a client has to answer a ping before it is cut off
 SWEEP: Final = 1.0  # seconds between two looks at the connections' pings
-CLOSE_WAIT: Final = 1.0  # seconds a closed connection's client has to answer the close
 PING_FRAME: Final = b"\x89\x00"
 
 
@@ -75,45 +69,22 @@ def receive_frame(topic: str, body: bytes) -> bytes:
     return websocket_frame(b"R " + topic.encode() + b" " + body)
 
 
-class FlywheelEndpoint:
+class FlywheelEndpoint(PlainWebSocketEndpoint):
     """The handler of ``GET {outbound.flywheel_path}`` for a :class:`SocketOutbound`."""
 
-    def __init__(
-        self,
-        outbound: SocketOutbound,
-        limits: HandshakeLimits,
-        *,
-        max_incoming_bytes: int = 16_384,
-        max_publishes_per_second: int = 100,
-        cors_origins: list[str] | None = None,
-    ) -> None:
-        self._outbound = outbound
-        self._limits = limits
-        self._origins = Origins(cors_origins)
-        self._max_incoming_bytes = max_incoming_bytes
-        self._max_publishes = max_publishes_per_second
-        self._binder = Binder(outbound)
+    protocol = "Flywheel"
+
+    def _init_protocol(self) -> None:
+        """What this endpoint keeps besides what every plain WebSocket's does."""
+        self._binder = Binder(self._outbound)
         # Each open connection's ping state: [when the next ping is due, when the unanswered
         # one was sent (0: none)]
         self._pings: dict[Connection, list[float]] = {}
         self._sweeping = False
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        refused = self._origins.refuse(request, "Flywheel")
-        if refused is not None:
-            return refused
-        why = await self._limits.admit()
-        if why is not None:
-            return too_busy(why)
-        websocket = plain_websocket(self._max_incoming_bytes, CLOSE_WAIT)
-        if not websocket.can_prepare(request).ok:
-            return not_an_upgrade("Flywheel")
-        await websocket.prepare(request)
-        plugin, refusal = pick_version(self._outbound, request)
-        if plugin is None:
-            logger.info("refusing a Flywheel connection: %s", refusal)
-            await websocket.close(code=codes.UNKNOWN_VERSION.code, message=close_reason(refusal))
-            return websocket
+    async def _serve(
+        self, request: web.Request, websocket: web.WebSocketResponse, plugin: OutboundPlugin
+    ) -> None:
         outbound = self._outbound
         sid = "fw-" + secrets.token_urlsafe(12)
         connection = Connection(
@@ -134,7 +105,6 @@ class FlywheelEndpoint:
             await self._read(websocket, connection)
         finally:
             self._forget(connection)
-        return websocket
 
     def _open(self, connection: Connection) -> None:
         outbound = self._outbound

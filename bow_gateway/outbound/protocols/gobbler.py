@@ -21,31 +21,25 @@ from aiohttp import WSMsgType, web
 from ...core import codes
 from ...core.codes import Code
 from ...core.message import MessageEvent, dumps
-from ...runtime.http_server import HandshakeLimits
+from ...core.plugins import OutboundPlugin
 from ...runtime.ratelimit import TokenBucket
 from ...wire.frames import websocket_frame
 from ..codec import FramedCodec, text_body
-from ..connection import Connection, logger
+from ..connection import Connection
 from ..endpoints import (
     IncomingFrames,
-    Origins,
+    PlainWebSocketEndpoint,
     bearer_token,
-    close_reason,
     close_websocket,
     let_go,
-    not_an_upgrade,
-    pick_version,
-    plain_websocket,
     take_in,
-    too_busy,
 )
 from ..expiry import Refusal
 from .gobbler_commands import Commands, status
 
 if TYPE_CHECKING:
-    from ..sockets import SocketOutbound
+    pass
 
-CLOSE_WAIT: Final = 1.0  # seconds a closed connection's client has to answer the close
 HEARTBEAT: Final = 25.0  # seconds without a byte from the client before aiohttp pings it
 
 
@@ -89,41 +83,21 @@ class GobblerCodec(FramedCodec):
 GOBBLER: Final = GobblerCodec()
 
 
-class GobblerEndpoint:
+class GobblerEndpoint(PlainWebSocketEndpoint):
     """The handler of ``GET {outbound.gobbler_path}`` for a :class:`SocketOutbound`."""
 
-    def __init__(
-        self,
-        outbound: SocketOutbound,
-        limits: HandshakeLimits,
-        *,
-        max_incoming_bytes: int = 16_384,
-        max_publishes_per_second: int = 100,
-        cors_origins: list[str] | None = None,
-    ) -> None:
-        self._outbound = outbound
-        self._limits = limits
-        self._origins = Origins(cors_origins)
-        self._max_incoming_bytes = max_incoming_bytes
-        self._max_publishes = max_publishes_per_second
-        self._commands = Commands(outbound, max_publishes_per_second)
+    protocol = "Gobbler"
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        refused = self._origins.refuse(request, "Gobbler")
-        if refused is not None:
-            return refused
-        why = await self._limits.admit()
-        if why is not None:
-            return too_busy(why)
-        websocket = plain_websocket(self._max_incoming_bytes, CLOSE_WAIT, heartbeat=HEARTBEAT)
-        if not websocket.can_prepare(request).ok:
-            return not_an_upgrade("Gobbler")
-        await websocket.prepare(request)
-        plugin, refusal = pick_version(self._outbound, request)
-        if plugin is None:
-            logger.info("refusing a Gobbler connection: %s", refusal)
-            await websocket.close(code=codes.UNKNOWN_VERSION.code, message=close_reason(refusal))
-            return websocket
+    def _init_protocol(self) -> None:
+        """What this endpoint keeps besides what every plain WebSocket's does."""
+        self._commands = Commands(self._outbound, self._max_publishes)
+
+    def _heartbeat(self) -> float | None:
+        return HEARTBEAT
+
+    async def _serve(
+        self, request: web.Request, websocket: web.WebSocketResponse, plugin: OutboundPlugin
+    ) -> None:
         outbound = self._outbound
         sid = "gb-" + secrets.token_urlsafe(12)
         connection = Connection(sid, sid, plugin, proto=2, codec=GOBBLER)
@@ -143,7 +117,6 @@ class GobblerEndpoint:
             await self._read(websocket, connection)  # refused: until the close is answered
         finally:
             let_go(outbound, connection)
-        return websocket
 
     async def _authenticate(self, connection: Connection, token: str | None) -> None:
         """The handshake's token (none: anonymous, where the outbound allows it), then

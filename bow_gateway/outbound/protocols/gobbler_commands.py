@@ -206,7 +206,9 @@ class Commands:
             else:  # the rest: their entries, encoded as they are written
                 items.append(stored)
 
-        await history.select(outbound, connection, path, begin, most, take, until=past_mark)
+        read = history.replay(outbound, connection, path, begin, most, until=past_mark, take=take)
+        async for _ in read:  # each message given to take
+            pass
 
     async def _replayed(self, fetch: Fetch, connection: Connection) -> bool:
         """Write what :meth:`_fetched` kept as fast as the client reads it: the frames encoded

@@ -14,7 +14,7 @@ import asyncio
 import json
 import secrets
 from collections import deque
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Unpack
 
 from aiohttp import hdrs, web
 from aiohttp.http import HttpVersion11
@@ -25,7 +25,7 @@ from ...core.criteria import ListenerId
 from ...core.message import MessageEvent, dumps
 from ...core.topics import parse_filter
 from ...runtime.http_server import HandshakeLimits
-from ..codec import GAP_EVENT, Encoded
+from ..codec import GAP_EVENT, AlertOptions, Encoded
 from ..connection import Connection, logger
 from ..endpoints import Origins, bearer_token, let_go, pick_version, refusal, take_in
 from ..expiry import Refusal
@@ -71,15 +71,7 @@ class SseCodec:
             return packet
         return b"%x\r\n%s\r\n" % (len(packet), packet)
 
-    def alert(
-        self,
-        code: Code,
-        text: str,
-        *,
-        fatal: bool = True,
-        reconnect: str | None = None,
-        session: str | None = None,
-    ) -> bytes:
+    def alert(self, code: Code, text: str, **options: Unpack[AlertOptions]) -> bytes:
         data = {"code": code.code, "reason": code.reason, "text": text}
         return b"event: alert\ndata: " + dumps(data) + b"\n\n"
 

@@ -23,10 +23,10 @@ from bow_gateway.outbounds.jwt import JwtOutbound
 
 from bow_gateway import Bow
 
+from . import AUTH, PATH, SECRET, WAIT, token, until
 from .flywheel_client import FlywheelClient
-from .support import AUTH, PATH, SECRET, WAIT, token, until
-from .test_protocol2_recovery import P2
-from .test_sse import Stream
+from .protocol2 import P2
+from .sse_client import Stream
 
 VERSION: Final = "v1"
 FX: Final = {"desk": "fx"}

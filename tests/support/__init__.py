@@ -21,6 +21,7 @@ from bow_gateway.outbounds.jwt import JwtOutbound, mint
 from bow_gateway import Bow
 from bow_gateway.backplanes import Backplane
 
+ROOT = Path(__file__).resolve().parents[2]  # the repository's root
 SECRET = "a-test-secret-that-is-at-least-32-bytes-long"
 USER, PASSWORD, REALM = "pusher", "s3cret-pusher", "Test platform"
 PATH = "/v1.2/messages"
@@ -28,7 +29,8 @@ AUTH = {"Authorization": aiohttp.encode_basic_auth(USER, PASSWORD)}
 
 
 def token(listener_id: str, criteria: dict[str, Any] | None = None, **kwargs: Any) -> str:
-    return mint(listener_id, SECRET, criteria=criteria or {}, **kwargs)
+    minted: str = mint(listener_id, SECRET, criteria=criteria or {}, **kwargs)
+    return minted
 
 
 def base_config(**overrides: Any) -> dict[str, Any]:
