@@ -4,6 +4,7 @@ whose ids are ``{sequence}-{ms}`` (the writer's script appends to it). A mixin o
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 from .base import BackplaneUnavailable, Stored
@@ -14,13 +15,15 @@ from .redis_reader import FIELD, Client, cause
 POSITION_FIELD = b"p"  # a topic history's entry: where the event is in the stream
 
 
-class TopicHistories:
-    """Reading a kept topic's history: its bounds, a range of it."""
+class TopicHistories(abc.ABC):
+    """Reading a kept topic's history: its bounds, a range of it (a part of the Redis backplane,
+    which gives it its client)."""
 
     namespace: str
 
+    @abc.abstractmethod
     def _connected(self) -> Client:
-        raise NotImplementedError
+        """The backplane's client, once connected."""
 
     def topic_key(self, topic: str) -> str:
         return f"{{{self.namespace}}}:topic:{topic}"

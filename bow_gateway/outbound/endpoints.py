@@ -6,6 +6,7 @@ code of section 10."""
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar, Final, NamedTuple
 
@@ -254,7 +255,7 @@ class Upgraded(NamedTuple):
     plugin: OutboundPlugin
 
 
-class PlainWebSocketEndpoint:
+class PlainWebSocketEndpoint(abc.ABC):
     """What the plain-WebSocket endpoints (Flywheel, Gobbler) share: their settings, and the
     upgrade: the origin, the handshake limits, the version asked for."""
 
@@ -276,6 +277,7 @@ class PlainWebSocketEndpoint:
         self._max_publishes = max_publishes_per_second
         self._init_protocol()
 
+    @abc.abstractmethod
     def _init_protocol(self) -> None:
         """What a protocol's endpoint keeps besides: set here, once the settings are."""
 
@@ -291,11 +293,11 @@ class PlainWebSocketEndpoint:
         await self._serve(request, upgraded.websocket, upgraded.plugin)
         return upgraded.websocket
 
+    @abc.abstractmethod
     async def _serve(
         self, request: web.Request, websocket: web.WebSocketResponse, plugin: OutboundPlugin
     ) -> None:
         """The protocol, over the WebSocket opened, until the connection ends."""
-        raise NotImplementedError
 
     async def _upgrade(self, request: web.Request) -> web.StreamResponse | Upgraded:
         """The WebSocket opened, with the outbound its client asked for; or the answer that

@@ -5,6 +5,7 @@ python-engineio's client accepts, the queue is counted in bytes, a POST at most
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import traceback
 from typing import Any, Final
@@ -26,17 +27,19 @@ PACKET_OVERHEAD: Final = 64
 """Bytes a queued packet is counted for beyond its data, so that tiny ones are bounded too."""
 
 
-class LongPolling(AsyncSocket):  # type: ignore[misc]
+class LongPolling(AsyncSocket, abc.ABC):  # type: ignore[misc]
     """A socket's long-polling half: engineio's queue, bounded."""
 
     _lean: LeanState  # set by make_lean
     queue: Any  # engineio's asyncio.Queue (DRAINED once a websocket), set by its constructor
 
+    @abc.abstractmethod
     async def shut(self, *, abort: bool = False, reason: Any = None) -> None:
-        raise NotImplementedError
+        """Close the connection without waiting on its client (the websocket half's)."""
 
+    @abc.abstractmethod
     async def violated(self, error: Exception) -> None:
-        raise NotImplementedError
+        """A protocol violation: log it once, cut the client off (the websocket half's)."""
 
     def enqueue(self, data: str) -> bool:
         """Queue a MESSAGE for a long-poll now, without yielding (delivery order is kept across
