@@ -60,10 +60,11 @@ def schema_keys() -> dict[str, set[str]]:
     keys: dict[str, set[str]] = {"": set()}
     for key, field in _ConfigSchema().fields.items():
         keys[""].add(key)
-        nested: Any = _HttpsSchema if key == "https" else getattr(field, "nested", None)
-        if isinstance(field, fields.Nested) or key == "https":
-            assert isinstance(nested, type) and issubclass(nested, Schema)
-            keys[key] = set(nested().fields)
+        if key == "https":
+            keys[key] = set(_HttpsSchema().fields)
+        elif isinstance(field, fields.Nested):
+            assert isinstance(field.schema, Schema)  # a table (outbound: its protocols' paths too)
+            keys[key] = set(field.schema.fields)
     return keys
 
 

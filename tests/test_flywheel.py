@@ -16,7 +16,7 @@ from bow_gateway.inbounds.passthrough import create_message_from_envelope
 from bow_gateway.middlewares.claims import criteria_from_claim
 
 from bow_gateway import Bow
-from bow_gateway.outbound.protocols import flywheel
+from bow_gateway.outbound import liveness
 
 from .support import PATH, Gateway, base_config, metric, token
 from .support.flywheel import QUOTES, bearer, flywheel_bow
@@ -496,9 +496,9 @@ async def test_stopping_the_gateway_closes_with_4012(
 async def test_a_client_that_answers_no_ping_is_cut_off(
     gateway: Gateway, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(flywheel, "PING_EVERY", 0.1)
-    monkeypatch.setattr(flywheel, "PONG_WITHIN", 0.3)
-    monkeypatch.setattr(flywheel, "SWEEP", 0.05)
+    monkeypatch.setattr(liveness, "PING_EVERY", 0.1)
+    monkeypatch.setattr(liveness, "PONG_WITHIN", 0.3)
+    monkeypatch.setattr(liveness, "SWEEP", 0.05)
     mute = await FlywheelClient.open(http, gateway.url, autoping=False)
     polite = await FlywheelClient.open(http, gateway.url)
     for client in (mute, polite):

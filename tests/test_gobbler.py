@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from bow_gateway import Bow
-from bow_gateway.outbound.protocols import gobbler
+from bow_gateway.outbound import liveness
 
 from .support import AUTH, Gateway, metric, token
 from .support.gobbler import MEMBERS, gobbler_bow
@@ -376,13 +376,14 @@ async def test_subscriptions_past_max_filters_are_refused(
     await client.close()
 
 
-async def test_the_heartbeat_cuts_off_a_client_that_answers_no_ping_and_keeps_one_that_does(
+async def test_pings_cut_off_a_client_that_answers_none_and_keep_one_that_does(
     gateway: Gateway, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """aiohttp's heartbeat (a ping after ``HEARTBEAT`` s without a byte, cut off ``HEARTBEAT / 2``
-    s later) still works though the gateway answers pings itself (``autoping=False``): the
-    client's pongs come to the gateway's read loop, counted, and do not end the connection."""
-    monkeypatch.setattr(gobbler, "HEARTBEAT", 0.2)
+    """The gateway's pings (:mod:`bow_gateway.outbound.liveness`, as Flywheel's): the client's
+    pongs come to the gateway's read loop, counted, and do not end the connection."""
+    monkeypatch.setattr(liveness, "PING_EVERY", 0.1)
+    monkeypatch.setattr(liveness, "PONG_WITHIN", 0.3)
+    monkeypatch.setattr(liveness, "SWEEP", 0.05)
     headers = {"Authorization": f"Bearer {token('U1', {'room': 1})}"}
     url = gateway.url.replace("http", "ws", 1) + "/gobbler"
     mute = GobblerClient(await http.ws_connect(url, headers=headers, autoping=False))

@@ -17,10 +17,7 @@ from ..ingress.inbound import Enrich, Handler, health_handler, message_handler
 from ..ingress.inbound_auth import BasicAuth
 from ..ingress.publisher import Publisher
 from ..outbound import SocketOutbound
-from ..outbound.endpoints import PlainWebSocketEndpoint
-from ..outbound.protocols.flywheel import FlywheelEndpoint
-from ..outbound.protocols.gobbler import GobblerEndpoint
-from ..outbound.protocols.sse import SseEndpoint
+from ..outbound.protocols import registered
 from ..runtime.config import Config
 from ..runtime.http_server import HandshakeLimits, handshake_limits
 from ..runtime.metrics import Metrics
@@ -70,11 +67,7 @@ def _open_paths(config: Config, inbounds: Mapping[str, InboundPlugin]) -> set[st
     """The paths served without the inbounds' credentials."""
     open_paths = {HEALTH_PATH}
     # The clients' endpoints take a listener's token, not the inbounds' credentials
-    client_paths = [
-        path
-        for path in (config.sse_path, config.flywheel_path, config.gobbler_path)
-        if path is not None
-    ]
+    client_paths = [path for path in config.endpoint_paths.values() if path is not None]
     for path in client_paths:
         if path in inbounds:
             raise ValueError(f"inbound path {path!r} is an outbound endpoint's (outbound.*_path)")
@@ -120,8 +113,8 @@ def _add_inbounds(
 def _add_outbound(
     app: web.Application, auth: BasicAuth, config: Config, outbound: SocketOutbound
 ) -> None:
-    """Socket.IO's routes and the other client protocols' endpoints, under the handshake
-    limits."""
+    """Socket.IO's routes and every registered client protocol's endpoint
+    (:mod:`bow_gateway.outbound.registry`), under the handshake limits."""
     # python-socketio's attach(), with the handshake limits around its handler; an SSE
     # stream is a new connection too, under the same limits
     limits = HandshakeLimits(
@@ -134,23 +127,10 @@ def _add_outbound(
     socketio_handler = handshake_limits(outbound.sio.eio.handle_request, limits)
     for method in ("GET", "POST", "OPTIONS"):
         auth.add(app, method, SOCKETIO_PATH, socketio_handler, allow_head=False)
-    if config.sse_path is not None:
-        sse = SseEndpoint(outbound, limits, cors_origins=config.cors_origins)
-        auth.add(app, "GET", config.sse_path, sse.handle)
-    websockets: tuple[tuple[str | None, type[PlainWebSocketEndpoint]], ...] = (
-        (config.flywheel_path, FlywheelEndpoint),
-        (config.gobbler_path, GobblerEndpoint),
-    )
-    for path, endpoint in websockets:
+    for name, protocol in registered().items():
+        path = config.endpoint_paths.get(name)
         if path is not None:
-            plain = endpoint(
-                outbound,
-                limits,
-                max_incoming_bytes=config.max_incoming_bytes,
-                max_publishes_per_second=config.max_publishes_per_second,
-                cors_origins=config.cors_origins,
-            )
-            auth.add(app, "GET", path, plain.handle)
+            auth.add(app, "GET", path, protocol.endpoint(outbound, limits, config))
 
 
 def check_inbound(path: Any, api_prefix: str, body_function: Any, request_function: Any) -> None:
@@ -183,7 +163,7 @@ async def _never(request: web.Request) -> Any:
 def _gateway_path(config: Config) -> Callable[[str], bool]:
     """Whether a path is the gateway's own: open ones (``/health``, Socket.IO, the clients'
     endpoints) or under ``api.prefix``."""
-    clients = (config.sse_path, config.flywheel_path, config.gobbler_path)
+    clients = config.endpoint_paths.values()
     own = {HEALTH_PATH, METRICS_PATH, *(path for path in clients if path)}
     prefix = config.api_prefix
     return lambda path: (

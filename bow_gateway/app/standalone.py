@@ -116,11 +116,15 @@ def environment_variables() -> dict[str, tuple[str, ...]]:
     """Each variable that overrides a setting, with the key path it sets (from the schema)."""
     names: dict[str, tuple[str, ...]] = {}
     for key, schema_field in _ConfigSchema().fields.items():
-        nested: Any = _HttpsSchema if key == "https" else getattr(schema_field, "nested", None)
+        nested: Schema | None = None
+        if key == "https":
+            nested = _HttpsSchema()
+        elif isinstance(schema_field, fields.Nested) and not isinstance(schema_field.nested, str):
+            nested = schema_field.schema  # a table, its protocols' paths included
         if key == "redis":
             names["BOW_REDIS_URL"] = (key,)
-        elif isinstance(nested, type) and issubclass(nested, Schema):
-            for sub in nested().fields:
+        elif nested is not None:
+            for sub in nested.fields:
                 # The [middleware] keys are settings of the whole gateway: BOW_LOG_INTERVAL.
                 prefix = "BOW_" if key == "middleware" else f"BOW_{key.upper()}_"
                 names[prefix + sub.upper()] = (key, sub)

@@ -24,6 +24,7 @@ from ..app.standalone_defaults import (
 from ..app.workers import run_workers, worker_settings
 from ..backplanes import BackplaneUnavailable
 from ..core.enrichers import EnricherInitError
+from ..outbound.protocols import registered
 from ..runtime.config import Config
 from ..runtime.logs import configure_logging
 from .common import (
@@ -151,21 +152,13 @@ def _serving(
             f"  listen: Socket.IO {url}/socket.io/?v={outbound.version}, then emit "
             "'authenticate' with a token"
         )
-        if config.flywheel_path:
-            lines.append(
-                f"          Flywheel WebSocket {ws_url}{config.flywheel_path}?v={outbound.version}"
-                ", then send a B frame with the token"
-            )
-        if config.sse_path:
-            lines.append(
-                f"          Server-Sent Events GET {url}{config.sse_path}?v={outbound.version}"
-                " with Authorization: Bearer <token>"
-            )
-        if config.gobbler_path:
-            lines.append(
-                f"          Gobbler WebSocket {ws_url}{config.gobbler_path}?v={outbound.version}"
-                "&token=<token>, then send '+ /topic' lines"
-            )
+        for name, protocol in registered().items():
+            path = config.endpoint_paths.get(name)
+            if path:
+                base = ws_url if protocol.websocket else url
+                lines.append(
+                    f"          {protocol.title} {base}{path}?v={outbound.version}{protocol.how}"
+                )
     lines.append(f"  health: GET {url}/health")
     if default and settings.uses_dev_secret:
         lines.append(
@@ -202,8 +195,8 @@ def _try_it(config: Config, settings: Settings, url: str, password: str, path: s
         f"  TOKEN=$(bow-gateway token --id {EXAMPLE_ID} --criteria '{EXAMPLE_CRITERIA}')",
         f'  {_join(listen)} --token "$TOKEN"',
     ]
-    if config.sse_path:
-        events = f"{url}{config.sse_path}?v={version}"
+    if sse_path := config.endpoint_paths.get("sse"):
+        events = f"{url}{sse_path}?v={version}"
         lines += [
             "or read the same events as Server-Sent Events, with the same TOKEN:",
             f'  curl -N -H "Authorization: Bearer $TOKEN" {shlex.quote(events)}',

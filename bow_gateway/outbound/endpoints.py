@@ -6,18 +6,13 @@ code of section 10."""
 
 from __future__ import annotations
 
-import abc
-from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar, Final, NamedTuple
+from typing import TYPE_CHECKING, Final
 
-from aiohttp import WSMessage, WSMsgType, hdrs, web
+from aiohttp import hdrs, web
 
 from ..core import codes
 from ..core.codes import Code
 from ..core.plugins import OutboundPlugin
-from ..runtime.http_server import HandshakeLimits
-from ..runtime.ratelimit import TokenBucket
-from ..seams.guard import INCOMING_BURST, INCOMING_RATE
 from .connection import Connection, logger
 
 if TYPE_CHECKING:
@@ -148,175 +143,8 @@ def let_go(outbound: SocketOutbound, connection: Connection) -> bool:
     return True
 
 
-def plain_websocket(
-    max_incoming_bytes: int, close_wait: float, heartbeat: float | None = None
-) -> web.WebSocketResponse:
-    """A plain WebSocket's response (Flywheel, Gobbler), read with :class:`IncomingFrames`:
-    ``autoping=False``, so that a client's pings come to it and are counted (aiohttp's own
-    answer would cost a write a ping, unbounded). ``heartbeat`` still works without autoping:
-    aiohttp resets it on any bytes the client sends, its pong included."""
-    return web.WebSocketResponse(
-        autoping=False,
-        heartbeat=heartbeat,
-        compress=False,
-        max_msg_size=max_incoming_bytes,
-        timeout=close_wait,
-    )
-
-
-class IncomingFrames:
-    """What a plain-WebSocket client (Flywheel, Gobbler) sends, held to the rule and the numbers
-    of Socket.IO's (:data:`~..seams.guard.INCOMING_BURST` frames at once, then
-    :data:`~..seams.guard.INCOMING_RATE` a second; past it, 4011): data frames and control
-    frames alike. A ping costs the gateway a pong, a pong a look at the connection's pings: a
-    client flooding either is closed as one flooding text frames. Its websocket must be a
-    :func:`plain_websocket` (pings are answered here, not by aiohttp)."""
-
-    __slots__ = ("_bucket", "_connection", "_outbound", "_ponged", "_websocket")
-
-    def __init__(
-        self,
-        outbound: SocketOutbound,
-        websocket: web.WebSocketResponse,
-        connection: Connection,
-        ponged: Callable[[], None] | None = None,
-    ) -> None:
-        self._outbound = outbound
-        self._websocket = websocket
-        self._connection = connection
-        self._ponged = ponged  # what a pong within the rule tells (Flywheel's own pings)
-        self._bucket = TokenBucket(INCOMING_RATE, INCOMING_BURST)
-
-    async def next(self) -> WSMessage | None:
-        """The client's next text or binary frame within the rule, pings answered and pongs
-        told on the way; None once the connection ended (a close, a frame over the size, the
-        client gone: what it sent and was not handled yet is dropped). While the gateway closes
-        the connection, nothing it sends counts, nor is answered."""
-        connection = self._connection
-        while True:
-            received = await self._websocket.receive()
-            kind = received.type
-            if kind not in _FRAMES:
-                return None  # CLOSE, CLOSING, CLOSED, ERROR (a frame over max_incoming_bytes...)
-            if gone(connection):
-                return None
-            if connection.closing is not None:
-                continue
-            if not self._bucket.take():
-                flooded(self._outbound, connection)
-            elif kind is WSMsgType.PING:
-                try:
-                    await self._websocket.pong(received.data)
-                except ConnectionError:
-                    return None  # gone while its pong waited for the socket to drain
-            elif kind is WSMsgType.PONG:
-                if self._ponged is not None:
-                    self._ponged()
-            else:
-                return received
-
-
-_FRAMES: Final = frozenset({WSMsgType.TEXT, WSMsgType.BINARY, WSMsgType.PING, WSMsgType.PONG})
-
-
-def flooded(outbound: SocketOutbound, connection: Connection) -> None:
-    """Close a connection whose client sent frames past :class:`IncomingFrames`' rule: 4011."""
-    text = f"over {INCOMING_RATE:g} frames a second ({INCOMING_BURST:g} at once)"
-    outbound.close(connection, codes.TOO_MANY_REQUESTS, text)
-
-
 def gone(connection: Connection) -> bool:
     """Whether the client of a plain WebSocket or SSE stream went (its transport is closing):
     what it sent and was not handled yet is dropped, never handled."""
     transport = connection.transport
     return transport is None or transport.is_closing()
-
-
-async def close_websocket(websocket: web.WebSocketResponse, connection: Connection) -> None:
-    """Close a WebSocket the gateway ended, with its code and why (1000 when it has none)."""
-    code, text = connection.farewell or (1000, "")
-    await websocket.close(code=code, message=close_reason(text))
-
-
-def close_reason(text: str) -> bytes:
-    """A close frame's reason: at most 123 bytes of UTF-8, cut on a character boundary."""
-    return text.encode()[:MAX_CLOSE_REASON].decode(errors="ignore").encode()
-
-
-def not_an_upgrade(protocol: str) -> web.Response:
-    text = f"the {protocol} outbound takes a WebSocket upgrade (GET with Upgrade: websocket)"
-    return refusal(codes.BAD_REQUEST, 400, text)
-
-
-class Upgraded(NamedTuple):
-    """A plain WebSocket opened, and the outbound its client asked for."""
-
-    websocket: web.WebSocketResponse
-    plugin: OutboundPlugin
-
-
-class PlainWebSocketEndpoint(abc.ABC):
-    """What the plain-WebSocket endpoints (Flywheel, Gobbler) share: their settings, and the
-    upgrade: the origin, the handshake limits, the version asked for."""
-
-    protocol: ClassVar[str]  # as logs and refusals name it
-
-    def __init__(
-        self,
-        outbound: SocketOutbound,
-        limits: HandshakeLimits,
-        *,
-        max_incoming_bytes: int = 16_384,
-        max_publishes_per_second: int = 100,
-        cors_origins: list[str] | None = None,
-    ) -> None:
-        self._outbound = outbound
-        self._limits = limits
-        self._origins = Origins(cors_origins)
-        self._max_incoming_bytes = max_incoming_bytes
-        self._max_publishes = max_publishes_per_second
-        self._init_protocol()
-
-    @abc.abstractmethod
-    def _init_protocol(self) -> None:
-        """What a protocol's endpoint keeps besides: set here, once the settings are."""
-
-    def _heartbeat(self) -> float | None:
-        """aiohttp's heartbeat: seconds without a byte from the client before it pings it."""
-        return None
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        """``GET`` on the endpoint's path: a connection, for as long as it lasts."""
-        upgraded = await self._upgrade(request)
-        if not isinstance(upgraded, Upgraded):
-            return upgraded
-        await self._serve(request, upgraded.websocket, upgraded.plugin)
-        return upgraded.websocket
-
-    @abc.abstractmethod
-    async def _serve(
-        self, request: web.Request, websocket: web.WebSocketResponse, plugin: OutboundPlugin
-    ) -> None:
-        """The protocol, over the WebSocket opened, until the connection ends."""
-
-    async def _upgrade(self, request: web.Request) -> web.StreamResponse | Upgraded:
-        """The WebSocket opened, with the outbound its client asked for; or the answer that
-        refuses it (a WebSocket closed with 4xxx once the version is unknown)."""
-        refused = self._origins.refuse(request, self.protocol)
-        if refused is not None:
-            return refused
-        why = await self._limits.admit()
-        if why is not None:
-            return too_busy(why)
-        websocket = plain_websocket(
-            self._max_incoming_bytes, CLOSE_WAIT, heartbeat=self._heartbeat()
-        )
-        if not websocket.can_prepare(request).ok:
-            return not_an_upgrade(self.protocol)
-        await websocket.prepare(request)
-        plugin, refusal = pick_version(self._outbound, request)
-        if plugin is None:
-            logger.info("refusing a %s connection: %s", self.protocol, refusal)
-            await websocket.close(code=codes.UNKNOWN_VERSION.code, message=close_reason(refusal))
-            return websocket
-        return Upgraded(websocket, plugin)

@@ -280,6 +280,16 @@ class SocketOutbound:
         else:
             await self.close_transport(eio_sid)
 
+    async def flooded(self, eio_sid: str, text: str) -> bool:
+        """A websocket's client sent packets past the rate: 4011, as on every protocol; False
+        for an Engine.IO connection without a Socket.IO one (the seam aborts it)."""
+        sid = self.sio.manager.sid_from_eio_sid(eio_sid, "/")
+        connection = self.connections.get(sid) if sid is not None else None
+        if connection is None:
+            return False
+        self.close(connection, codes.TOO_MANY_REQUESTS, text, kind="flood")
+        return True
+
     async def close_transport(self, eio_sid: str, *, abort: bool = False) -> None:
         """Close one Engine.IO connection without waiting on its client (:meth:`LeanSocket.shut`).
 

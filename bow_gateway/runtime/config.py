@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from marshmallow import ValidationError
@@ -13,6 +13,7 @@ from marshmallow import ValidationError
 from ..core.criteria import error_text
 from ..core.retention import HistoryRule, history_rules
 from .config_schema import _ConfigSchema
+from .protocol_paths import declared
 
 
 @dataclass(frozen=True)
@@ -59,10 +60,9 @@ class Config:
     max_filters_per_instance: int = 200_000
     """Topic filters held on an instance, each counted once per connection holding it."""
     max_publishes_per_second: int = 100
-    sse_path: str | None = "/events"
-    flywheel_path: str | None = "/broker"
-    gobbler_path: str | None = "/gobbler"
-    """The Server-Sent Events endpoint (``GET``); None (or ``""``): none."""
+    endpoint_paths: Mapping[str, str | None] = field(default_factory=dict)
+    """Each client protocol's endpoint (``outbound.{name}_path``), by protocol name; None (or
+    ``""``): none."""
     recovery_enabled: bool = True
     recovery_max_age: float = 120.0
     recovery_max_count: int = 10_000
@@ -155,9 +155,7 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         max_filters_per_id=data["outbound"]["max_filters_per_id"],
         max_filters_per_instance=data["outbound"]["max_filters_per_instance"],
         max_publishes_per_second=data["outbound"]["max_publishes_per_second"],
-        sse_path=data["outbound"]["sse_path"] or None,
-        flywheel_path=data["outbound"]["flywheel_path"] or None,
-        gobbler_path=data["outbound"]["gobbler_path"] or None,
+        endpoint_paths={name: data["outbound"][f"{name}_path"] or None for name in declared()},
         recovery_enabled=data["recovery"]["enabled"],
         recovery_max_age=data["recovery"]["max_age"],
         recovery_max_count=data["recovery"]["max_count"],

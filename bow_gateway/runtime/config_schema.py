@@ -10,6 +10,7 @@ from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate
 
+from .protocol_paths import declared
 from .redis_client import check_settings, redacted
 
 NON_EMPTY = validate.Length(min=1, error="must not be empty")
@@ -154,13 +155,18 @@ class _OutboundSchema(Schema):
     max_filters_per_id = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
     max_filters_per_instance = fields.Integer(load_default=200_000, validate=validate.Range(min=1))
     max_publishes_per_second = fields.Integer(load_default=100, validate=validate.Range(min=1))
-    sse_path = fields.String(load_default="/events", allow_none=True, validate=_check_endpoint_path)
-    flywheel_path = fields.String(
-        load_default="/broker", allow_none=True, validate=_check_endpoint_path
-    )
-    gobbler_path = fields.String(
-        load_default="/gobbler", allow_none=True, validate=_check_endpoint_path
-    )
+
+
+def _outbound_schema() -> Schema:
+    """The ``[outbound]`` table: :class:`_OutboundSchema`, and each client protocol's
+    ``{name}_path`` (:mod:`.protocol_paths`)."""
+    paths: dict[str, fields.Field] = {  # type: ignore[type-arg]
+        f"{name}_path": fields.String(
+            load_default=default, allow_none=True, validate=_check_endpoint_path
+        )
+        for name, default in declared().items()
+    }
+    return _OutboundSchema.from_dict(paths, name="OutboundSchema")()
 
 
 class _RecoverySchema(Schema):
@@ -235,7 +241,7 @@ class _ConfigSchema(Schema):
     metrics = fields.Nested(_MetricsSchema, load_default=dict)
     middleware = fields.Nested(_MiddlewareSchema, load_default=dict)
     inbound = fields.Nested(_InboundSchema, required=True)
-    outbound = fields.Nested(_OutboundSchema, required=True)
+    outbound = fields.Nested(_outbound_schema, required=True)
     recovery = fields.Nested(_RecoverySchema, load_default=dict)
     api = fields.Nested(_ApiSchema, load_default=dict)
     history = fields.Raw(load_default=list)

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Protocol
 
 from engineio import exceptions as eio_exceptions
 from engineio import packet as eio_packet
@@ -18,7 +18,19 @@ ACCEPTED: Final = frozenset({eio_packet.PONG, eio_packet.MESSAGE, eio_packet.CLO
 
 
 class ProtocolViolation(eio_exceptions.EngineIOError):  # type: ignore[misc]
-    """A client sent what no Engine.IO client sends: its connection is closed."""
+    """A client sent what no Engine.IO client sends, or too fast (``flood``): its connection is
+    closed."""
+
+    def __init__(self, text: str, *, flood: bool = False) -> None:
+        super().__init__(text)
+        self.flood = flood
+
+
+class Flooded(Protocol):
+    """What the server is told of a websocket's client past the rate: True when it closes
+    the connection itself (with 4011, as every protocol's), False when the seam must."""
+
+    async def __call__(self, eio_sid: str, text: str) -> bool: ...
 
 
 def decode(data: str | bytes) -> eio_packet.Packet:
@@ -36,4 +48,6 @@ def admit(pkt: eio_packet.Packet, bucket: TokenBucket) -> None:
     if not isinstance(pkt.data, str | None):
         raise ProtocolViolation("a binary packet (this gateway takes none from clients)")
     if not bucket.take():
-        raise ProtocolViolation(f"over {INCOMING_RATE:g} packets a second")
+        raise ProtocolViolation(
+            f"over {INCOMING_RATE:g} packets a second ({INCOMING_BURST:g} at once)", flood=True
+        )

@@ -45,6 +45,8 @@ class ServerHooks(Protocol):
 
     async def refuse_eio(self, eio_sid: str, reason: str) -> None: ...
 
+    async def flooded(self, eio_sid: str, text: str) -> bool: ...
+
 
 class Manager(socketio.AsyncManager):  # type: ignore[misc]
     """python-socketio's manager, with a disconnect that costs the same at any number of sockets.
@@ -153,6 +155,7 @@ def socketio_server(
     )
     server.eio._async = {**server.eio._async, "websocket": WebSocketDriver}
     server.eio.body_timeout = body_timeout  # LeanSocket's bound on a long-polling POST's body
+    server.eio.flooded = hooks.flooded  # what LeanSocket tells of a websocket past the rate
     return server
 
 

@@ -40,7 +40,7 @@ from engineio.async_socket import AsyncSocket
 
 from ..runtime.ratelimit import TokenBucket, rate_limited
 from ..wire.frames import websocket_frame
-from .guard import INCOMING_BURST, INCOMING_RATE, ProtocolViolation, admit, decode
+from .guard import INCOMING_BURST, INCOMING_RATE, Flooded, ProtocolViolation, admit, decode
 from .pings import PING_FRAME, PingWheel
 from .polling import LongPolling, packet_size
 from .socket_state import DRAINED, LeanState
@@ -200,6 +200,11 @@ class LeanSocket(LongPolling):
         The socket stays in the server's table: engineio's request handler forgets it.
         """
         logger.info("closing Engine.IO connection %s: it sent %s", self.sid, error)
+        flooded: Flooded | None = getattr(self.server, "flooded", None)
+        over_websocket = self._lean.websocket is not None
+        if getattr(error, "flood", False) and over_websocket and flooded is not None:
+            if await flooded(self.sid, str(error)):
+                return  # closed by the outbound, with 4011
         await self.close(wait=False, abort=True, reason=self.server.reason.TRANSPORT_ERROR)
 
     async def shut(self, *, abort: bool = False, reason: Any = None) -> None:

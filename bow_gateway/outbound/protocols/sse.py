@@ -24,12 +24,14 @@ from ...core.codes import Code
 from ...core.criteria import ListenerId
 from ...core.message import MessageEvent, dumps
 from ...core.topics import parse_filter
+from ...runtime.config import Config
 from ...runtime.http_server import HandshakeLimits
 from ..codec import GAP_EVENT, AlertOptions, Encoded
 from ..connection import Connection, logger
 from ..endpoints import Origins, bearer_token, let_go, pick_version, refusal, take_in
 from ..expiry import Refusal
 from ..recovery import ack_result
+from ..registry import ClientProtocol, Handler, register
 from ..subscriptions import ANONYMOUS
 from ..subscriptions import refusal as filters_refusal
 
@@ -286,3 +288,20 @@ def _refusal(
     """A refusal before the stream: ``{"code", "reason", "reconnect"}`` (and why, as text)."""
     logger.info("refusing an SSE stream: %s", text)
     return refusal(code, status, text, {**cors, **(headers or {})})
+
+
+def _serving(hub: SocketOutbound, limits: HandshakeLimits, config: Config) -> Handler:
+    return SseEndpoint(hub, limits, cors_origins=config.cors_origins).handle
+
+
+register(
+    ClientProtocol(
+        name="sse",
+        title="Server-Sent Events GET",
+        default_path="/events",
+        endpoint=_serving,
+        liveness=f"a comment line every {HEARTBEAT:g} s; a stream whose client went is ended",
+        websocket=False,
+        how=" with Authorization: Bearer <token>",
+    )
+)
