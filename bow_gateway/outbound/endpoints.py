@@ -16,15 +16,13 @@ from ..core.plugins import OutboundPlugin
 from .connection import Connection, logger
 
 if TYPE_CHECKING:
-    from .sockets import SocketOutbound
+    from .hub import Hub
 
 MAX_CLOSE_REASON: Final = 123  # bytes of a close frame's reason (RFC 6455 5.5)
 CLOSE_WAIT: Final = 1.0  # seconds a closed connection's client has to answer the close
 
 
-def pick_version(
-    outbound: SocketOutbound, request: web.Request
-) -> tuple[OutboundPlugin | None, str]:
+def pick_version(outbound: Hub, request: web.Request) -> tuple[OutboundPlugin | None, str]:
     """The outbound the query's ``v`` names (optional when only one is served), or None and
     why not."""
     plugins = outbound.outbounds
@@ -111,7 +109,7 @@ def too_busy(text: str, headers: dict[str, str] | None = None) -> web.Response:
     return refusal(codes.TOO_MANY_REQUESTS, 503, text, {**(headers or {}), hdrs.RETRY_AFTER: "1"})
 
 
-def take_in(outbound: SocketOutbound, connection: Connection) -> None:
+def take_in(outbound: Hub, connection: Connection) -> None:
     """Count a new connection as open, and let its outbound's topic index hold it."""
     outbound.connections[connection.sid] = connection
     outbound.open_connections += 1
@@ -121,7 +119,7 @@ def take_in(outbound: SocketOutbound, connection: Connection) -> None:
     ).inc()
 
 
-def let_go(outbound: SocketOutbound, connection: Connection) -> bool:
+def let_go(outbound: Hub, connection: Connection) -> bool:
     """The connection ended (the gateway closed it, or its client went): as a disconnect, once;
     False if it was let go already."""
     if outbound.connections.pop(connection.sid, None) is None:

@@ -28,8 +28,8 @@ from .expiry import Refusal
 from .liveness import Pings
 
 if TYPE_CHECKING:
+    from .hub import Hub
     from .registry import Handler
-    from .sockets import SocketOutbound
 
 MAX_CLOSE_REASON: Final = 123  # bytes of a close frame's reason (RFC 6455 5.5)
 CLOSE_WAIT: Final = 1.0  # seconds a closed connection's client has to answer the close
@@ -59,7 +59,7 @@ class IncomingFrames:
 
     def __init__(
         self,
-        outbound: SocketOutbound,
+        outbound: Hub,
         websocket: web.WebSocketResponse,
         connection: Connection,
         ponged: Callable[[], None] | None = None,
@@ -102,7 +102,7 @@ class IncomingFrames:
 _FRAMES: Final = frozenset({WSMsgType.TEXT, WSMsgType.BINARY, WSMsgType.PING, WSMsgType.PONG})
 
 
-def flooded(outbound: SocketOutbound, connection: Connection) -> None:
+def flooded(outbound: Hub, connection: Connection) -> None:
     """Close a connection whose client sent frames past :class:`IncomingFrames`' rule: 4011."""
     text = f"over {INCOMING_RATE:g} frames a second ({INCOMING_BURST:g} at once)"
     outbound.close(connection, codes.TOO_MANY_REQUESTS, text)
@@ -145,7 +145,7 @@ class PlainWebSocketEndpoint(abc.ABC):
 
     def __init__(
         self,
-        outbound: SocketOutbound,
+        outbound: Hub,
         limits: HandshakeLimits,
         *,
         max_incoming_bytes: int = 16_384,
@@ -161,7 +161,7 @@ class PlainWebSocketEndpoint(abc.ABC):
         self._init_protocol()
 
     @classmethod
-    def serving(cls, hub: SocketOutbound, limits: HandshakeLimits, config: Config) -> Handler:
+    def serving(cls, hub: Hub, limits: HandshakeLimits, config: Config) -> Handler:
         """The endpoint's handler, with the configuration's settings (a protocol's
         :class:`~.registry.EndpointFactory`)."""
         return cls(

@@ -16,7 +16,7 @@ from ..runtime.config import Config
 from ..runtime.http_server import HandshakeLimits
 
 if TYPE_CHECKING:
-    from .sockets import SocketOutbound
+    from .hub import Hub
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -24,7 +24,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class EndpointFactory(Protocol):
     """What serves ``GET {outbound.{name}_path}`` for one gateway: built once, at start."""
 
-    def __call__(self, hub: SocketOutbound, limits: HandshakeLimits, config: Config) -> Handler: ...
+    def __call__(self, hub: Hub, limits: HandshakeLimits, config: Config) -> Handler: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from ..expiry import Refusal
 from ..subscriptions import owner, refusal
 
 if TYPE_CHECKING:
-    from ..sockets import SocketOutbound
+    from ..hub import Hub
 
 NO_MESSAGE_ID: Final = "00000000-0000-0000-0000-000000000000"
 MAX_SESSION_ID: Final = 128  # characters of a sessionId: it is a topic level of $remote names
@@ -54,7 +54,7 @@ def error_frame(connection: Connection, description: str, topic: str) -> bytes:
 class Binder:
     """Applies the binds of Flywheel connections to the outbound's core."""
 
-    def __init__(self, outbound: SocketOutbound) -> None:
+    def __init__(self, outbound: Hub) -> None:
         self._outbound = outbound
 
     async def bind(self, connection: Connection, text: str) -> None:

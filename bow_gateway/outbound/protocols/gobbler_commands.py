@@ -44,7 +44,7 @@ from ..subscriptions import owner, refusal
 from ..writer import REPLAY_LOW_WATER
 
 if TYPE_CHECKING:
-    from ..sockets import SocketOutbound
+    from ..hub import Hub
 
 MAX_PATH: Final = 1_000  # characters of a path
 ENCODED_FIRST: Final = SLICE_ENTRIES  # a fetch's first messages encoded as they are read,
@@ -78,9 +78,9 @@ class Fetch:
 
 
 class Commands:
-    """Runs the commands of Gobbler connections for a :class:`SocketOutbound`."""
+    """Runs the commands of Gobbler connections over the core (:class:`~..hub.Hub`)."""
 
-    def __init__(self, outbound: SocketOutbound, max_publishes_per_second: int = 100) -> None:
+    def __init__(self, outbound: Hub, max_publishes_per_second: int = 100) -> None:
         self._outbound = outbound
         self._max_publishes = max_publishes_per_second
 

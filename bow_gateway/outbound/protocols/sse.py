@@ -36,7 +36,7 @@ from ..subscriptions import ANONYMOUS
 from ..subscriptions import refusal as filters_refusal
 
 if TYPE_CHECKING:
-    from ..sockets import SocketOutbound
+    from ..hub import Hub
 
 HEARTBEAT: Final = 15.0  # seconds between two comment lines on every stream
 SWEEP: Final = 1.0  # seconds between two looks for streams whose client went
@@ -99,11 +99,11 @@ def _field(name: str) -> bytes:
 
 
 class SseEndpoint:
-    """The handler of ``GET {outbound.sse_path}`` for a :class:`SocketOutbound`."""
+    """The handler of ``GET {outbound.sse_path}`` over the core (:class:`~..hub.Hub`)."""
 
     def __init__(
         self,
-        outbound: SocketOutbound,
+        outbound: Hub,
         limits: HandshakeLimits,
         *,
         cors_origins: list[str] | None = None,
@@ -290,7 +290,7 @@ def _refusal(
     return refusal(code, status, text, {**cors, **(headers or {})})
 
 
-def _serving(hub: SocketOutbound, limits: HandshakeLimits, config: Config) -> Handler:
+def _serving(hub: Hub, limits: HandshakeLimits, config: Config) -> Handler:
     return SseEndpoint(hub, limits, cors_origins=config.cors_origins).handle
 
 
