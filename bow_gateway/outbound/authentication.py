@@ -42,7 +42,7 @@ class Authenticator:
                 connection, codes.TOO_MANY_REQUESTS, f"over {limit} authenticate a minute"
             )
             return
-        if connection.proto == 1:
+        if not connection.codec.coded:  # protocol 1
             if connection.busy or connection.authenticated:
                 return  # busy, or already authenticated: ignored, as Bow does
             connection.busy = True
@@ -82,7 +82,9 @@ class Authenticator:
             outbound, connection, admitted.listener_id, admitted.criteria, options
         )
         replay = None if result is None else result.pop("_replay", None)
-        outbound.writer.write(connection, codec.ack(ack_id, result, proto=connection.proto))
+        outbound.writer.write(
+            connection, codec.ack(ack_id, result, proto=2 if connection.codec.coded else 1)
+        )
         if replay:
             outbound.writer.begin_replay(connection, replay)  # now: what follows waits behind it
         await self._admission.share(connection, admitted)
@@ -98,7 +100,7 @@ def _arguments(
         raise Refusal("authenticate needs an acknowledgement callback", codes.BAD_REQUEST)
     token = args[0] if args else None
     options: Any = {}
-    if connection.proto == 2:
+    if connection.codec.coded:  # protocol 2
         if len(args) > 2:
             raise Refusal("authenticate takes (token, options, ack)", codes.BAD_REQUEST)
         options = args[1] if len(args) == 2 else {}

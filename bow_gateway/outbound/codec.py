@@ -37,6 +37,7 @@ class Codec(Protocol):
     protocol: str  # the wire protocol, as metrics label it: socketio, sse, flywheel
     positioned: bool  # its connections are told positions (recovery, __gap, __position)
     reauthenticates: bool  # its clients can authenticate again (4100 before 4003 at expiry)
+    coded: bool  # its clients are told the codes of section 10 (all but Bow's protocol 1)
 
     def message(self, event: MessageEvent, position: str) -> Encoded:
         """A delivered message: its packet and the exact bytes written to a transport."""
@@ -62,13 +63,13 @@ class Codec(Protocol):
 class SocketIO:
     """Socket.IO EVENTs on ``/``, written to a websocket as Engine.IO MESSAGE frames."""
 
-    __slots__ = ("name", "positioned", "proto", "protocol", "reauthenticates")
+    __slots__ = ("coded", "name", "positioned", "proto", "protocol", "reauthenticates")
 
     def __init__(self, proto: int) -> None:
         self.proto = proto
         self.protocol = "socketio"
         self.name = f"socketio{proto}"
-        self.positioned = self.reauthenticates = proto == 2
+        self.positioned = self.reauthenticates = self.coded = proto == 2
 
     def message(self, event: MessageEvent, position: str) -> Encoded:
         if self.positioned:
@@ -96,12 +97,13 @@ class FramedCodec(abc.ABC):
     whole frames, no positions, and a fatal alert is the close frame its endpoint sends with
     the code (``Connection.farewell``). Subclasses frame a message and a non-fatal notice."""
 
-    __slots__ = ("name", "positioned", "protocol", "reauthenticates")
+    __slots__ = ("coded", "name", "positioned", "protocol", "reauthenticates")
 
     def __init__(self, protocol: str, *, reauthenticates: bool) -> None:
         self.name = self.protocol = protocol
         self.positioned = False
         self.reauthenticates = reauthenticates
+        self.coded = True
 
     def message(self, event: MessageEvent, position: str) -> Encoded:
         frame = self.replayed(event, position)

@@ -13,7 +13,7 @@ from ..core.index import IndexKey
 from ..core.plugins import OutboundPlugin
 from ..runtime.ratelimit import TokenBucket, rate_limited
 from ..seams import LeanSocket
-from .codec import Codec, socketio_codec
+from .codec import PROTOCOL_1, Codec
 
 # A line or two per connection: rate-limited, since clients choose how many connections to open
 logger = rate_limited("bow_gateway.outbound", rate=50.0, burst=500.0)
@@ -63,7 +63,6 @@ class Connection:
         "lock",
         "outbound",
         "positioned_at",
-        "proto",
         "publishes",
         "replaying",
         "session",
@@ -80,7 +79,6 @@ class Connection:
         eio_sid: str,
         outbound: OutboundPlugin,
         *,
-        proto: int = 1,
         socket: LeanSocket | None = None,
         authenticates_per_minute: int = 12,
         codec: Codec | None = None,
@@ -88,9 +86,9 @@ class Connection:
         self.sid = sid
         self.eio_sid = eio_sid
         self.outbound = outbound
-        self.proto = proto
-        # How what is delivered to it is framed: one codec per wire protocol, shared
-        self.codec: Codec = codec if codec is not None else socketio_codec(proto)
+        # How what is delivered to it is framed, and what its protocol can tell its client: one
+        # codec per wire protocol, shared (Socket.IO's protocol 1, Bow's wire, by default)
+        self.codec: Codec = codec if codec is not None else PROTOCOL_1
         self.socket = socket
         self.key: IndexKey | None = None  # in the index under it once authenticated
         self.listener_id: ListenerId | None = None  # None while anonymous

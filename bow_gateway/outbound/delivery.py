@@ -96,7 +96,7 @@ class Delivery:
             connections = topics.narrow(connections, message.name)
         if message.name == DISCONNECT:
             for connection in connections:
-                if connection.proto == 2:
+                if connection.codec.coded:
                     self._outbound.close(
                         connection,
                         codes.DISCONNECT_MESSAGE,

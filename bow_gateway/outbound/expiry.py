@@ -55,7 +55,7 @@ class Expiry:
             raise Refusal("the token has expired", codes.TOKEN_EXPIRED)
 
     def _enforced(self, connection: Connection) -> bool:
-        return connection.proto == 2 or self._outbound.settings.expire_v1_sockets
+        return connection.codec.coded or self._outbound.settings.expire_v1_sockets
 
     def arm(self, connection: Connection, exp: Any) -> None:
         """At ``exp``: 4100 (protocol 2); at ``exp + grace``: 4003 and a disconnect."""

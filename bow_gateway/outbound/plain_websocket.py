@@ -231,7 +231,6 @@ class PlainWebSocketEndpoint(abc.ABC):
             sid,
             sid,
             plugin,
-            proto=2,
             codec=self.codec,
             authenticates_per_minute=outbound.settings.max_authenticates_per_minute,
         )

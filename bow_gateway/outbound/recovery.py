@@ -29,7 +29,7 @@ async def ack_result(
     what is delivered to it while the recovery's slices take turns with the event loop waits
     behind the replay (in its backlog, bounded as any: ``_replay`` ends with it when the
     connection had none)."""
-    if connection.proto == 1:
+    if not connection.codec.coded:  # protocol 1: no result
         return None
     history = outbound.history
     expires_in = None if connection.exp is None else max(0.0, connection.exp - time.time())

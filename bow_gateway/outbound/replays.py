@@ -47,7 +47,7 @@ class Replays:
 
     async def replay(self, connection: Connection, args: list[Any], ack_id: Any) -> None:
         outbound = self._outbound
-        if connection.proto == 1 or connection.closing is not None:
+        if not connection.codec.coded or connection.closing is not None:
             return
         try:
             topic, start, max_count = self._request(connection, args)
@@ -127,7 +127,7 @@ class Replays:
 
     def _ack(self, connection: Connection, ack_id: Any, result: dict[str, Any]) -> None:
         if ack_id is not None:
-            packet = codec.ack(ack_id, result, proto=connection.proto)
+            packet = codec.ack(ack_id, result, proto=2)
             self._outbound.writer.write(connection, packet)
 
 

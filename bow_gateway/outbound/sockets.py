@@ -29,6 +29,7 @@ from ..runtime.metrics import Metrics
 from ..seams import LeanSocket, socketio_server
 from .admission import Admission
 from .authentication import Authenticator
+from .codec import socketio_codec
 from .connection import Connection, Settings, logger
 from .delivery import Delivery
 from .publishing import ClientPublish
@@ -164,7 +165,7 @@ class SocketOutbound:
             sid,
             eio_sid,
             outbound,
-            proto=int(protos[0]),
+            codec=socketio_codec(int(protos[0])),
             socket=self.sio.eio.sockets.get(eio_sid),
             authenticates_per_minute=self.settings.max_authenticates_per_minute,
         )
@@ -175,7 +176,7 @@ class SocketOutbound:
             "socket %s connected to outbound %s (protocol %s) from %s",
             sid,
             outbound.version,
-            connection.proto,
+            protos[0],
             environ.get("REMOTE_ADDR", "?"),
         )
         _forget_headers(environ)

@@ -77,7 +77,7 @@ class BadSubscribe(ValueError):
 
 def subscribe(outbound: Sockets, connection: Connection, args: list[Any], ack_id: Any) -> None:
     """Apply one ``subscribe`` event of ``connection``, all of it or nothing, and acknowledge it."""
-    if connection.proto == 1 or connection.closing is not None:
+    if not connection.codec.coded or connection.closing is not None:
         return
     topics = outbound.topics[connection.outbound.middleware_version]
     try:
@@ -93,7 +93,7 @@ def subscribe(outbound: Sockets, connection: Connection, args: list[Any], ack_id
         result = {"filters": sorted(topics.filters_of(connection))}
     outbound.metrics.subscribes.labels("error" if "error" in result else "ok").inc()
     if ack_id is not None:
-        outbound.writer.write(connection, codec.ack(ack_id, result, proto=connection.proto))
+        outbound.writer.write(connection, codec.ack(ack_id, result, proto=2))
 
 
 def _request(args: list[Any]) -> tuple[list[str], list[str]]:

@@ -47,13 +47,13 @@ class SseCodec:
     """``text/event-stream`` events; ``chunked``: each framed as one HTTP/1.1 chunk, since the
     bytes go to the transport around aiohttp's writer (framed once per message, not per stream)."""
 
-    __slots__ = ("chunked", "name", "positioned", "protocol", "reauthenticates")
+    __slots__ = ("chunked", "coded", "name", "positioned", "protocol", "reauthenticates")
 
     def __init__(self, *, chunked: bool) -> None:
         self.chunked = chunked
         self.protocol = "sse"
         self.name = "sse-chunked" if chunked else "sse"
-        self.positioned = True
+        self.positioned = self.coded = True
         self.reauthenticates = False
 
     def message(self, event: MessageEvent, position: str) -> Encoded:
@@ -139,9 +139,7 @@ class SseEndpoint:
         since = request.headers.get("Last-Event-ID") or request.query.get("lastEventId")
         sid = "sse-" + secrets.token_urlsafe(12)
         chunked = request.version == HttpVersion11
-        connection = Connection(
-            sid, sid, plugin, proto=2, codec=SSE_CHUNKED if chunked else SSE_PLAIN
-        )
+        connection = Connection(sid, sid, plugin, codec=SSE_CHUNKED if chunked else SSE_PLAIN)
         ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         connection.ended = ended
         connection.backlog = deque()  # what is delivered before the stream starts waits
