@@ -15,7 +15,9 @@ The session installs socket.io-client with ``npm ci`` when ``tests/node/node_mod
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
+import os
 import shutil
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -59,18 +61,26 @@ def wire() -> list[str]:
             "these tests need Node.js and npm (Debian's nodejs and npm): run "
             "`sh tests/install-system-packages.sh` as root (or `sudo apt-get install nodejs npm`)"
         )
-    if not (NODE_DIR / "node_modules" / "socket.io-client" / "package.json").exists():
-        done = subprocess.run(
-            [npm, "ci", "--prefix", str(NODE_DIR), "--no-audit", "--no-fund"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if done.returncode != 0:
-            pytest.fail(
-                f"`npm ci --prefix tests/node` failed ({done.returncode}); npm's registry must be "
-                f"reachable to install socket.io-client:\n{done.stdout}\n{done.stderr}"
+    # Each pytest-xdist worker runs this session fixture: one `npm ci` at a time, and the others
+    # find its node_modules (a lock on the folder itself, released when it is closed).
+    lock = os.open(NODE_DIR, os.O_RDONLY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (NODE_DIR / "node_modules" / "socket.io-client" / "package.json").exists():
+            done = subprocess.run(
+                [npm, "ci", "--prefix", str(NODE_DIR), "--no-audit", "--no-fund"],
+                capture_output=True,
+                text=True,
+                timeout=300,
             )
+            if done.returncode != 0:
+                pytest.fail(
+                    f"`npm ci --prefix tests/node` failed ({done.returncode}); npm's registry "
+                    "must be reachable to install socket.io-client:\n"
+                    f"{done.stdout}\n{done.stderr}"
+                )
+    finally:
+        os.close(lock)
     return [node, str(WIRE)]
 
 

@@ -168,6 +168,21 @@ async def test_a_ping_is_answered_with_its_payload(port: int) -> None:
         (frame((2000).to_bytes(2, "big"), opcode=0x8), 1002),  # a reserved close code
         (frame((1000).to_bytes(2, "big") + b"\xff", opcode=0x8), 1007),  # a reason not UTF-8
     ],
+    # named, not derived from the bytes: a masked frame's mask is random, and pytest-xdist's
+    # workers must collect the same ids
+    ids=[
+        "unmasked",
+        "reserved-bit",
+        "control-over-125",
+        "continuation-of-nothing",
+        "text-not-utf8",
+        "over-max-incoming-bytes",
+        "announced-never-sent",
+        "fragments-over-max",
+        "length-top-bit",
+        "reserved-close-code",
+        "close-reason-not-utf8",
+    ],
 )
 async def test_a_frame_that_breaks_the_protocol_fails_the_connection_with_its_code(
     bow: Bow, data: bytes, code: int
