@@ -6,13 +6,12 @@ import asyncio
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..core.criteria import ListenerId
 from ..core.index import IndexKey
 from ..core.plugins import OutboundPlugin
 from ..runtime.ratelimit import TokenBucket, rate_limited
-from ..seams import LeanSocket
 from .codec import PROTOCOL_1, Codec
 
 # A line or two per connection: rate-limited, since clients choose how many connections to open
@@ -38,6 +37,27 @@ class Settings:
     recovery_enabled: bool = True
     max_replay: int = 1_000
     position_interval: float = 30.0
+
+
+class Packets(Protocol):
+    """A connection's transport while it is not a byte stream the writer writes frames to:
+    Socket.IO's Engine.IO session, long-polling (or upgrading) until :attr:`transport` is set."""
+
+    closed: bool
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of packets queued and not fetched by the client yet."""
+        ...
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        """Set once it is a websocket: frames are written straight to it."""
+        ...
+
+    def enqueue(self, data: str) -> bool:
+        """Queue one packet for the client's next fetch; False when closed."""
+        ...
 
 
 class Connection:
@@ -79,7 +99,7 @@ class Connection:
         eio_sid: str,
         outbound: OutboundPlugin,
         *,
-        socket: LeanSocket | None = None,
+        socket: Packets | None = None,
         authenticates_per_minute: int = 12,
         codec: Codec | None = None,
     ) -> None:
