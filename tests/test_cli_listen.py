@@ -26,9 +26,18 @@ import socketio
 from aiohttp import web
 
 from bow_gateway.cli import main
+from bow_gateway.cli.listening import RecentIds
 
 from .support import SECRET, token
-from .support.cli_listen import BASIC, Listening, assert_closed_cleanly, listen, next_line, push_at
+from .support.cli_listen import (
+    BASIC,
+    Listening,
+    assert_closed_cleanly,
+    listen,
+    next_line,
+    push_at,
+    pushed,
+)
 from .support.served import Served, free_port, serve
 
 
@@ -447,11 +456,12 @@ async def test_proto_2_prints_positions_then_recovers_with_since(gateway: Served
     listening = await Listening.start(*args)
     await listening.until("listening on")
     assert acknowledged(listening.err)["recovered"] is None
-    first = push_at(gateway, "news", team, n=1)
+    first, first_id = pushed(gateway, "news", team, n=1)
     assert await next_line(listening) == {
         "event": "news",
         "data": {"name": "news", "audience": team, "n": 1},
         "position": first,
+        "id": first_id,
         "replayed": False,
     }
     listening.process.send_signal(signal.SIGINT)
@@ -459,7 +469,7 @@ async def test_proto_2_prints_positions_then_recovers_with_since(gateway: Served
     assert ended.code == 0, ended.err
     assert f"last position {first} (resume with --since {first})" in ended.err
 
-    missed = [push_at(gateway, "news", team, n=n) for n in (2, 3)]
+    missed = [pushed(gateway, "news", team, n=n) for n in (2, 3)]
     push_at(gateway, "news", [{"team": "other"}], n=4)  # not its audience: not replayed
     listening = await Listening.start(*args, "--since", first)
     await listening.until("listening on")
@@ -468,15 +478,18 @@ async def test_proto_2_prints_positions_then_recovers_with_since(gateway: Served
     assert ack["recovered"] is True and ack["reason"] is None
     assert ack["criteria_changed"] is False
     replayed = [await next_line(listening) for _ in missed]
-    assert [(line["position"], line["replayed"], line["data"]["n"]) for line in replayed] == [
-        (missed[0], True, 2),
-        (missed[1], True, 3),
+    assert [
+        (line["position"], line["id"], line["replayed"], line["data"]["n"]) for line in replayed
+    ] == [
+        (*missed[0], True, 2),
+        (*missed[1], True, 3),
     ]
-    live = push_at(gateway, "news", team, n=5)
+    live, live_id = pushed(gateway, "news", team, n=5)
     assert await next_line(listening) == {
         "event": "news",
         "data": {"name": "news", "audience": team, "n": 5},
         "position": live,
+        "id": live_id,
         "replayed": False,
     }
     listening.process.send_signal(signal.SIGINT)
@@ -545,3 +558,10 @@ async def test_protocol_1_ignores_exp(tmp_path: Path) -> None:
         ended = await listening.end()
     assert ended.code == 0, ended.err
     assert "alert" not in ended.err
+
+
+def test_listen_drops_a_message_whose_id_it_has_seen_and_remembers_a_bounded_number() -> None:
+    recent = RecentIds(size=2)
+    assert [recent.first(message_id) for message_id in ("a", "b", "a")] == [True, True, False]
+    assert recent.first("c")  # "a" is forgotten now: at most two remembered
+    assert recent.first("a") and not recent.first("c")

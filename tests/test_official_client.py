@@ -22,7 +22,7 @@ import shutil
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from bow_gateway.inbounds.passthrough import create_message_from_envelope
@@ -201,11 +201,22 @@ def envelope_bow(**config: Any) -> Bow:
 Serve = Callable[[Bow], Awaitable[Gateway]]
 
 
-async def push(gateway: Gateway, body: Any) -> str:
-    """POST a message to the inbound: its ``Bow-Position``."""
+class Pushed(NamedTuple):
+    """A message the inbound accepted: its ``Bow-Position`` and ``Bow-Message-Id``."""
+
+    position: str
+    id: str
+
+    def meta(self, **more: Any) -> dict[str, Any]:
+        """The protocol-2 ``meta`` its event carries (sections 6 and 16)."""
+        return {"position": self.position, "id": self.id, **more}
+
+
+async def push(gateway: Gateway, body: Any) -> Pushed:
+    """POST a message to the inbound: its ``Bow-Position`` and ``Bow-Message-Id``."""
     async with gateway.http.post(gateway.url + PATH, json=body, headers=AUTH) as response:
         assert response.status == 204, f"push refused: {response.status} {await response.text()}"
-        return response.headers["Bow-Position"]
+        return Pushed(response.headers["Bow-Position"], response.headers["Bow-Message-Id"])
 
 
 async def settled(gateway: Gateway, watcher: Client) -> None:
@@ -274,7 +285,7 @@ async def test_a_protocol_2_event_is_payload_and_meta_with_the_204s_bow_position
     )
     payload = {"title": "é", "list": [1, None, True], "n": 1.5}
     position = await push(gateway, {"name": "NEW_ARTICLE", "payload": payload, "audience": BLOG_42})
-    assert await client.event() == ("NEW_ARTICLE", [payload, {"position": position}])
+    assert await client.event() == ("NEW_ARTICLE", [payload, position.meta()])
 
 
 async def test_a_protocol_2_message_without_payload_is_null_and_meta(
@@ -283,7 +294,7 @@ async def test_a_protocol_2_message_without_payload_is_null_and_meta(
     gateway = await serve(envelope_bow())
     client, _ = await listening(node, gateway, token("USER/1", AUTHOR), query=P2, options={})
     position = await push(gateway, {"name": "bare", "audience": BLOG_42})
-    assert await client.event() == ("bare", [None, {"position": position}])
+    assert await client.event() == ("bare", [None, position.meta()])
 
 
 async def test_the_ack_is_one_result_object_with_exactly_the_six_keys(
@@ -297,7 +308,7 @@ async def test_the_ack_is_one_result_object_with_exactly_the_six_keys(
     [result] = ack
     assert set(result) == ACK_KEYS, result
     assert result["id"] == "USER/1"
-    assert isinstance(result["position"], str) and result["position"] not in ("", before)
+    assert isinstance(result["position"], str) and result["position"] not in ("", before.position)
     assert (result["recovered"], result["reason"], result["criteria_changed"]) == (None, None, None)
     assert isinstance(result["expires_in"], int | float) and 3500 < result["expires_in"] <= 3600
 
@@ -315,7 +326,7 @@ async def test_the_acks_position_is_a_string_before_any_message_and_recovers_wha
         node, gateway, token("USER/1", AUTHOR), query=P2, options={"since": result["position"]}
     )
     assert ack[0]["recovered"] is True, ack
-    assert await again.event() == ("missed", [None, {"position": missed, "replayed": True}])
+    assert await again.event() == ("missed", [None, missed.meta(replayed=True)])
 
 
 async def test_authenticate_without_options_also_gets_the_result_object(
@@ -334,7 +345,7 @@ async def test_recovery_with_since_replays_with_replayed_true_then_live(
     watcher = await gateway.jwt_listener("WATCHER")
     first, _ = await listening(node, gateway, token("USER/1", AUTHOR), query=P2, options={})
     since = await push(gateway, {"name": "seen", "audience": BLOG_42})
-    assert await first.event() == ("seen", [None, {"position": since}])
+    assert await first.event() == ("seen", [None, since.meta()])
     await first.close()
     missed = [
         await push(gateway, {"name": name, "payload": {"i": i}, "audience": audience})
@@ -342,7 +353,7 @@ async def test_recovery_with_since_replays_with_replayed_true_then_live(
     ]
     await settled(gateway, watcher)
     again, ack = await listening(
-        node, gateway, token("USER/1", AUTHOR), query=P2, options={"since": since}
+        node, gateway, token("USER/1", AUTHOR), query=P2, options={"since": since.position}
     )
     [result] = ack
     assert (result["recovered"], result["reason"], result["criteria_changed"]) == (
@@ -350,10 +361,10 @@ async def test_recovery_with_since_replays_with_replayed_true_then_live(
         None,
         False,
     ), result
-    assert await again.event() == ("a", [{"i": 0}, {"position": missed[0], "replayed": True}])
-    assert await again.event() == ("b", [{"i": 2}, {"position": missed[2], "replayed": True}])
+    assert await again.event() == ("a", [{"i": 0}, missed[0].meta(replayed=True)])
+    assert await again.event() == ("b", [{"i": 2}, missed[2].meta(replayed=True)])
     live = await push(gateway, {"name": "live", "payload": 1, "audience": BLOG_42})
-    assert await again.event() == ("live", [1, {"position": live}])
+    assert await again.event() == ("live", [1, live.meta()])
 
 
 async def test_a_refused_token_gets_alert_text_and_info_4002_then_a_disconnect(
@@ -382,7 +393,7 @@ async def test_a_quiet_protocol_2_socket_gets_position_null_and_meta(
         assert observation["name"] == "__position", observation
         payload, meta = observation["args"]
         assert payload is None and set(meta) == {"position"}, observation
-        if meta["position"] == elsewhere:
+        if meta["position"] == elsewhere.position:
             break
 
 

@@ -32,6 +32,7 @@ from .listening import (
     MAX_DELAY,
     PATIENCE,
     Plan,
+    RecentIds,
     coded,
     first_of,
     print_line,
@@ -255,6 +256,7 @@ class Listener2(Listener):
         self.position: str | None = plan.since  # the last position received: resume after it
         self.positioned = False  # an event brought a position since this connection opened
         self.warned = False
+        self.seen = RecentIds()  # the ids of the messages printed last (section 16)
 
     async def subscribe(self) -> str | None:
         """Before ``authenticate``, so that a recovery's replay is filtered too."""
@@ -306,6 +308,9 @@ class Listener2(Listener):
             self.show(_plain_line(event, data))  # not (payload, meta): shown as it came
             return
         payload, meta = data
+        message_id = meta.get("id")
+        if isinstance(message_id, str) and not self.seen.first(message_id):
+            return  # replayed again (a recovery after a reconnect): printed once already
         line: dict[str, Any] = {"event": event, "data": payload}
         line.update((key, value) for key, value in meta.items() if key not in line)
         if event not in GATEWAY_EVENTS:

@@ -8,6 +8,7 @@ import asyncio
 import json
 import sys
 import urllib.parse
+from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
@@ -99,3 +100,23 @@ async def read_until_stopped(stop: asyncio.Event, read: Coroutine[Any, Any, int]
         await asyncio.gather(reading, return_exceptions=True)
         return None
     return reading.result()
+
+
+class RecentIds:
+    """The last ``size`` message ids seen, to drop a message seen twice: a recovery may replay
+    what arrived just before the connection was lost."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self._order: deque[str] = deque()
+        self._ids: set[str] = set()
+        self._size = size
+
+    def first(self, message_id: str) -> bool:
+        """Whether ``message_id`` is seen for the first time (it is remembered from now on)."""
+        if message_id in self._ids:
+            return False
+        self._ids.add(message_id)
+        self._order.append(message_id)
+        if len(self._order) > self._size:
+            self._ids.discard(self._order.popleft())
+        return True

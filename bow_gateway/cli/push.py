@@ -193,10 +193,15 @@ def _topic_request(args: argparse.Namespace, base: str, auth: dict[str, str]) ->
     )
 
 
+MAX_HEADER = 65_536  # a batch's Bow-Message-Ids: ~17 bytes a message
+
+
 async def _post_one(request: Request) -> int:
     import aiohttp
 
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as session:
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=TIMEOUT), max_field_size=MAX_HEADER
+    ) as session:
         answer = await _post(session, request)
     if answer is None:
         return 1
@@ -235,7 +240,9 @@ async def _post_batches(
 
     headers = {**auth, "Content-Type": "application/json"}
     accepted = requests = 0
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as session:
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=TIMEOUT), max_field_size=MAX_HEADER
+    ) as session:
         try:
             for first, last, lines in _batches(file, size, max_bytes):
                 data = b"[" + b",".join(lines) + b"]"

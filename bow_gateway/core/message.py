@@ -248,6 +248,7 @@ class MessageEvent:
     message: Message
     accepted_at: float = 0.0  # time.time() when the inbound accepted it, for latency metrics
     sequence: int | None = None  # its sequence in its topic's history, when kept there ("q")
+    id: str = ""  # the message id (section 16: :mod:`.message_ids`), the same on every instance
 
 
 @dataclass(slots=True)
@@ -296,6 +297,8 @@ def encode_event(event: Event) -> bytes:
             "a": message.audience,
             "t": event.accepted_at,
         }
+        if event.id:
+            document["i"] = event.id
         if message.has_payload:
             document["p"] = message.payload
         if message.publication is not None:
@@ -323,7 +326,9 @@ def decode_event(data: bytes) -> Event:
         else:
             parts = (document["n"], document["a"], document.get("p"), "p" in document)
             message = PublishedMessage(*parts, Publication(*gobbler))
-        return MessageEvent(document["m"], message, document.get("t", 0.0), document.get("q"))
+        return MessageEvent(
+            document["m"], message, document.get("t", 0.0), document.get("q"), document.get("i", "")
+        )
     if "c" in document:
         return CriteriaEvent(document["c"], document["i"], document["k"], document.get("b"))
     if "s" in document:

@@ -34,7 +34,7 @@ from typing import Final, NamedTuple
 from aiohttp import web
 from aiohttp.http import SERVER_SOFTWARE
 
-from .inbound import POSITION_HEADER, AcceptJson
+from .inbound import Accepted, AcceptJson
 from .inbound_auth import FailedAttempts, client_address
 
 logger = logging.getLogger("bow_gateway.http")
@@ -221,8 +221,7 @@ class FastConnection(asyncio.Protocol):
 
     async def _answer(self, route: FastRoute, body: bytes) -> None:
         try:
-            position = await route.accept_json(body)
-            answer = _no_content(position)
+            answer = _no_content(await route.accept_json(body))
         except web.HTTPException as error:
             answer = _refusal(error)
         except Exception:
@@ -264,14 +263,11 @@ class FastConnection(asyncio.Protocol):
             handler.eof_received()
 
 
-def _no_content(position: str | None) -> bytes:
-    if position is None:
+def _no_content(accepted: Accepted | None) -> bytes:
+    if accepted is None:
         return b"HTTP/1.1 204 No Content\r\n" + _common_headers() + b"\r\n"
-    return (
-        f"HTTP/1.1 204 No Content\r\n{POSITION_HEADER}: {position}\r\n".encode()
-        + _common_headers()
-        + b"\r\n"
-    )
+    lines = "".join([f"{name}: {value}\r\n" for name, value in accepted.headers().items()])
+    return b"HTTP/1.1 204 No Content\r\n" + lines.encode() + _common_headers() + b"\r\n"
 
 
 def _refusal(error: web.HTTPException) -> bytes:

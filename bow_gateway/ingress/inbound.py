@@ -29,6 +29,7 @@ from aiohttp import hdrs, web
 from ..backplanes import BackplaneUnavailable
 from ..core.enrichers import EnricherRefused, EnricherTimeout
 from ..core.message import Message, MessageEvent, event_bytes, parse_json, validate_message
+from ..core.message_ids import new_ids
 from ..core.plugins import HealthCheck, InboundPlugin, InboundRequest
 from ..runtime.http_server import request_timeout
 from ..runtime.metrics import Metrics
@@ -40,9 +41,25 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PublishMany = Callable[[list[MessageEvent]], Awaitable[list[str]]]
 """Events to the backplane in one trip, in order; their positions."""
 Enrich = Callable[[list[Message]], Awaitable[list[Message]]]
-AcceptJson = Callable[[bytes], Awaitable[str | None]]
-"""A whole JSON body to the backplane: the last position (None: no message), or the refusal as
+AcceptJson = Callable[[bytes], Awaitable["Accepted | None"]]
+"""A whole JSON body to the backplane: what was accepted (None: no message), or the refusal as
 a ``web.HTTPException`` (logged and counted already)."""
+
+
+class Accepted(NamedTuple):
+    """What a request published: the last message's position, every message's id, and whether
+    the function returned a batch (then ``Bow-Message-Ids``, even for one)."""
+
+    position: str
+    ids: list[str]
+    batch: bool
+
+    def headers(self) -> dict[str, str]:
+        """The ``204``'s headers: ``Bow-Position``, and ``Bow-Message-Id`` or (a batch)
+        ``Bow-Message-Ids``, the ids in order separated by ``, ``."""
+        if self.batch:
+            return {POSITION_HEADER: self.position, MESSAGE_IDS_HEADER: ", ".join(self.ids)}
+        return {POSITION_HEADER: self.position, MESSAGE_ID_HEADER: self.ids[0]}
 
 
 class InboundHandler(NamedTuple):
@@ -83,9 +100,9 @@ def message_handler(
     def checked(raw: Any, batch: bool) -> list[Message]:
         return checked_messages(raw, batch, max_batch, limits)
 
-    async def published(argument: Any) -> str | None:
-        """The message function on ``argument``, the checks, the enrichers, one trip to the
-        backplane: the last message's position (None: the function returned no message)."""
+    async def published(argument: Any) -> Accepted | None:
+        """The message function on ``argument``, the checks, the enrichers, ids, one trip to the
+        backplane: what was accepted (None: the function returned no message)."""
         try:
             raw = await call_user_function(create_message, argument, timeout)
         except TimeoutError:
@@ -101,29 +118,23 @@ def message_handler(
             check_size(message, f"{index}: " if batch else "", max_event_bytes)
         if not messages:
             return None
-        now = time.time()
-        try:
-            positions = await publish(
-                [MessageEvent(middleware_version, message, now) for message in messages]
-            )
-        except BackplaneUnavailable as error:
-            raise unavailable(error.retry_after) from error
+        done = await accept(publish, middleware_version, messages, batch)
         accepted.inc(len(messages))
-        return positions[-1]
+        return done
 
     async def handle(request: web.Request) -> web.StreamResponse:
         if check is not None:
             check(request)
         try:
-            position = await published(await read(request, timeout))
+            done = await published(await read(request, timeout))
         except web.HTTPException as error:
             refused(request.method, request.path, error)
             raise
-        if position is None:
+        if done is None:
             return web.Response(status=204)
-        return web.Response(status=204, headers={POSITION_HEADER: position})
+        return web.Response(status=204, headers=done.headers())
 
-    async def accept_json(body: bytes) -> str | None:
+    async def accept_json(body: bytes) -> Accepted | None:
         try:
             return await published(json_body(body))
         except web.HTTPException as error:
@@ -131,6 +142,23 @@ def message_handler(
             raise
 
     return InboundHandler(handle, accept_json if read is read_json else None)
+
+
+async def accept(
+    publish: PublishMany, middleware_version: str, messages: list[Message], batch: bool
+) -> Accepted:
+    """Messages checked and enriched, each with a new id, to the backplane in one trip."""
+    now = time.time()
+    ids = new_ids(len(messages))
+    events = [
+        MessageEvent(middleware_version, message, now, None, message_id)
+        for message, message_id in zip(messages, ids, strict=True)
+    ]
+    try:
+        positions = await publish(events)
+    except BackplaneUnavailable as error:
+        raise unavailable(error.retry_after) from error
+    return Accepted(positions[-1], ids, batch)
 
 
 def log_refusal(
@@ -196,6 +224,10 @@ def check_size(message: Message, where: str, max_event_bytes: int) -> None:
 NO_BODY: Final = "the request has no body: send a JSON message"
 POSITION_HEADER: Final = "Bow-Position"
 """The ``204``'s header: the accepted event's position, as sockets get it in ``meta.position``."""
+MESSAGE_ID_HEADER: Final = "Bow-Message-Id"
+"""The ``204``'s header: the accepted message's id, as sockets get it in ``meta.id``."""
+MESSAGE_IDS_HEADER: Final = "Bow-Message-Ids"
+"""A batch's ``204``: its messages' ids, in order, separated by ``, ``."""
 
 
 async def read_json(request: web.Request, timeout: float) -> Any:

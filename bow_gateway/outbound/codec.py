@@ -73,13 +73,17 @@ class SocketIO:
 
     def message(self, event: MessageEvent, position: str) -> Encoded:
         if self.positioned:
-            packet = positioned_event(event.message, position, sequence=event.sequence)
+            packet = positioned_event(
+                event.message, position, sequence=event.sequence, message_id=event.id
+            )
         else:
             packet = plain_event(event.message)
         return packet, websocket_frame(b"4" + packet)
 
     def replayed(self, event: MessageEvent, position: str) -> bytes:
-        return positioned_event(event.message, position, replayed=True, sequence=event.sequence)
+        return positioned_event(
+            event.message, position, replayed=True, sequence=event.sequence, message_id=event.id
+        )
 
     def frame(self, packet: bytes) -> bytes:
         return websocket_frame(b"4" + packet)  # an Engine.IO MESSAGE
@@ -153,12 +157,20 @@ def plain_event(message: Message) -> bytes:
 
 
 def positioned_event(
-    message: Message, position: str, *, replayed: bool = False, sequence: int | None = None
+    message: Message,
+    position: str,
+    *,
+    replayed: bool = False,
+    sequence: int | None = None,
+    message_id: str = "",
 ) -> bytes:
-    """A protocol-2 EVENT: always ``[name, payload, meta]``; ``meta.sequence`` for a message
-    kept in its topic's history. A topic replay's events have no position (``""``): the
+    """A protocol-2 EVENT: always ``[name, payload, meta]``, ``meta`` ``{"position", "id"}``
+    (section 16: a client drops a message replayed twice by its id); ``meta.sequence`` for a
+    message kept in its topic's history. A topic replay's events have no position (``""``): the
     client's recovery point must not move back."""
     meta: dict[str, Any] = {"position": position} if position else {}
+    if message_id:
+        meta["id"] = message_id
     if sequence is not None:
         meta["sequence"] = sequence
     if replayed:

@@ -13,6 +13,7 @@ from typing import Any
 from ..backplanes import BackplaneUnavailable
 from ..core.enrichers import EnricherRefused, EnricherTimeout
 from ..core.message import Message, MessageEvent, event_bytes, validate_message
+from ..core.message_ids import new_id
 from ..core.plugins import OutboundPlugin
 from ..runtime.userfn import call_user_function, describe
 
@@ -94,7 +95,7 @@ class ClientPublish:
                 f"the event is {size} bytes, over outbound.max_event_bytes "
                 f"({self._max_event_bytes})"
             )
-        event = MessageEvent(outbound.middleware_version, message, time.time())
+        event = MessageEvent(outbound.middleware_version, message, time.time(), None, new_id())
         try:
             [published] = await self._publish([event])
         except BackplaneUnavailable:

@@ -26,6 +26,7 @@ SECRET = "a-test-secret-that-is-at-least-32-bytes-long"
 USER, PASSWORD, REALM = "pusher", "s3cret-pusher", "Test platform"
 PATH = "/v1.2/messages"
 AUTH = {"Authorization": aiohttp.encode_basic_auth(USER, PASSWORD)}
+MAX_HEADER = 65_536  # what the tests' clients read of a header: a batch's Bow-Message-Ids
 
 
 def token(listener_id: str, criteria: dict[str, Any] | None = None, **kwargs: Any) -> str:

@@ -72,6 +72,13 @@ def assert_closed_cleanly(ended: Ended) -> None:
 
 def push_at(served: Served, name: str, audience: list[dict[str, object]], **more: object) -> str:
     """POST a message; its position, from the 204's ``Bow-Position`` header."""
+    return pushed(served, name, audience, **more)[0]
+
+
+def pushed(
+    served: Served, name: str, audience: list[dict[str, object]], **more: object
+) -> tuple[str, str]:
+    """POST a message; its ``Bow-Position`` and ``Bow-Message-Id``."""
     request = urllib.request.Request(
         served.url + "/v1/messages",
         data=json.dumps({"name": name, "audience": audience, **more}).encode(),
@@ -79,8 +86,7 @@ def push_at(served: Served, name: str, audience: list[dict[str, object]], **more
     )
     with urllib.request.urlopen(request, timeout=5) as response:
         assert response.status == 204
-        position: str = response.headers["Bow-Position"]
-        return position
+        return response.headers["Bow-Position"], response.headers["Bow-Message-Id"]
 
 
 async def next_line(listening: Listening, timeout: float = 10) -> dict[str, Any]:

@@ -176,7 +176,7 @@ async def next_seen(client: Client, timeout: float = WAIT) -> Seen:
         name, args = await client.next(timeout)
         assert name not in ("__position", "__gap", "alert"), (name, args)
         if len(args) == 2:  # protocol 2: payload, {"position"}
-            assert set(args[1]) == {"position"}, args  # live, not replayed
+            assert set(args[1]) == {"position"}, args  # live, not replayed (P2 keeps ids apart)
             return name, args[0], args[1]["position"]
         return name, (args[0] if args else None), None
     if isinstance(client, Stream):

@@ -5,6 +5,7 @@ of its recovery, authentication and instances share."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,17 @@ AUTHOR = {"role": "author", "blogId": 42}
 BLOG_42 = [{"blogId": 42}]
 BLOG_7 = [{"blogId": 7}]
 WATCHER = "WATCHER"
+ID = re.compile(r"[A-Za-z0-9_-]{12}[0-9a-f]+")
+"""A message id as this gateway makes them (:mod:`bow_gateway.core.message_ids`)."""
+
+
+def without_id(meta: Any) -> Any:
+    """A message event's ``meta`` without its ``id``, which must be there (section 16): for the
+    tests that read events off the wire themselves and compare ``meta`` as section 6 has it."""
+    assert isinstance(meta, dict), meta
+    message_id = meta.get("id")
+    assert isinstance(message_id, str) and ID.fullmatch(message_id), meta
+    return {key: value for key, value in meta.items() if key != "id"}
 
 
 class P2:
@@ -35,12 +47,28 @@ class P2:
         self.log: list[tuple[str, tuple[Any, ...], float]] = []
         self.disconnected = asyncio.Event()
         self.disconnected_at: float | None = None
+        self.ids: list[str] = []  # each message event's meta.id, in order
         self.client.on("*", self._on_any)
         self.client.on("disconnect", self._on_disconnect)
 
     async def _on_any(self, event: str, *args: Any) -> None:
+        args = self._without_id(event, args)
         self.log.append((event, args, time.monotonic()))
         self.events.put_nowait((event, args))
+
+    def _without_id(self, event: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A message's ``(payload, meta)`` with ``meta.id`` checked (section 16: every message
+        event has one, a gateway-made id) and kept in :attr:`ids`, out of ``meta``: the tests of
+        sections 6-15 compare ``meta`` as those sections have it; those of section 16 read ids."""
+        if event in ("__position", "__gap", "alert") or len(args) != 2:
+            return args
+        payload, meta = args
+        if not isinstance(meta, dict):
+            return args
+        message_id = meta.get("id")
+        assert isinstance(message_id, str) and ID.fullmatch(message_id), (event, meta)
+        self.ids.append(message_id)
+        return payload, {key: value for key, value in meta.items() if key != "id"}
 
     async def _on_disconnect(self, *args: Any) -> None:
         self.disconnected_at = time.monotonic()
