@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 
 from bow_gateway.backplanes import (
+    AlreadyAccepted,
     Backplane,
     BackplaneUnavailable,
+    Claim,
     Entry,
     Gap,
     MemoryBackplane,
@@ -674,3 +676,88 @@ async def test_the_history_outlives_the_instance_that_wrote_it(shared_backend: B
 async def test_publish_retained_before_connect_is_refused(backend: Backend) -> None:
     with pytest.raises(BackplaneUnavailable):
         await backend.new().publish_retained([(event(1), CHAT)])
+
+
+# -- idempotency claims (contract section 16) ------------------------------------------------
+
+
+def claim(key: str = "k1", fingerprint: str = "f1", window: float = 60.0) -> Claim:
+    return Claim(key, fingerprint, window, "1id-" + key)
+
+
+async def test_a_claimed_publish_appends_once_and_a_repeat_gets_what_it_kept(
+    backend: Backend,
+) -> None:
+    backplane = await backend.connected()
+    [position] = await backplane.publish_many([b"first"], claim())
+    with pytest.raises(AlreadyAccepted) as taken:
+        await backplane.publish_many([b"again"], claim())
+    assert (taken.value.fingerprint, taken.value.position) == ("f1", position)
+    assert taken.value.answer == "1id-k1"
+    await backplane.publish(b"after")
+    assert await take(backplane, 2) == [b"first", b"after"]  # "again" was never appended
+
+
+async def test_a_repeat_with_another_fingerprint_gets_the_first_one_s(backend: Backend) -> None:
+    backplane = await backend.connected()
+    await backplane.publish_many([b"first"], claim(fingerprint="f1"))
+    with pytest.raises(AlreadyAccepted) as taken:
+        await backplane.publish_many([b"other"], claim(fingerprint="f2"))
+    assert taken.value.fingerprint == "f1"
+
+
+async def test_a_claim_covers_a_whole_batch_and_keeps_its_last_position(
+    backend: Backend,
+) -> None:
+    backplane = await backend.connected()
+    positions = await backplane.publish_many(numbered(3), claim())
+    with pytest.raises(AlreadyAccepted) as taken:
+        await backplane.publish_many(numbered(3), claim())
+    assert taken.value.position == positions[-1]
+    assert await take(backplane, 3) == numbered(3)
+
+
+async def test_other_keys_and_unclaimed_publishes_are_not_held_back(backend: Backend) -> None:
+    backplane = await backend.connected()
+    await backplane.publish_many([b"a"], claim("k1"))
+    await backplane.publish_many([b"b"], claim("k2"))
+    await backplane.publish_many([b"c"])
+    assert await take(backplane, 3) == [b"a", b"b", b"c"]
+
+
+async def test_a_key_is_free_again_after_its_window(backend: Backend) -> None:
+    backplane = await backend.connected()
+    await backplane.publish_many([b"first"], claim(window=0.2))
+    await asyncio.sleep(0.3)
+    await backplane.publish_many([b"second"], claim(window=0.2))
+    assert await take(backplane, 2) == [b"first", b"second"]
+
+
+async def test_a_retained_publish_takes_a_claim_too(backend: Backend) -> None:
+    backplane = await backend.connected()
+    kept = Retention("/chat/claimed", 10, 60.0)
+    [(position, sequence)] = await backplane.publish_retained([(b'{"n":1}', kept)], claim())
+    with pytest.raises(AlreadyAccepted) as taken:
+        await backplane.publish_retained([(b'{"n":1}', kept)], claim())
+    assert taken.value.position == position and sequence == 1
+    assert await backplane.topic_bounds("/chat/claimed") == (1, 1)  # kept once
+
+
+async def test_a_key_taken_on_one_instance_is_taken_on_every_instance(
+    shared_backend: Backend,
+) -> None:
+    first, second = await shared_backend.connected(), await shared_backend.connected()
+    [position] = await first.publish_many([b"once"], claim())
+    with pytest.raises(AlreadyAccepted) as taken:
+        await second.publish_many([b"once"], claim())
+    assert taken.value.position == position
+
+
+async def test_concurrent_claims_of_one_key_append_once(shared_backend: Backend) -> None:
+    instances = [await shared_backend.connected() for _ in range(3)]
+    results = await asyncio.gather(
+        *(instance.publish_many([b"race"], claim()) for instance in instances),
+        return_exceptions=True,
+    )
+    assert sum(isinstance(result, list) for result in results) == 1, results
+    assert sum(isinstance(result, AlreadyAccepted) for result in results) == 2, results

@@ -100,6 +100,7 @@ def _add_inbounds(
             max_predicates=config.max_predicates,
             max_event_bytes=config.max_event_bytes,
             max_batch=config.inbound_max_batch,
+            idempotency_window=config.idempotency_window,
             check=auth.check if plain else None,  # the hot path: no layer of its own
         )
         if not plain:  # a parameter may match a path the gateway keeps for itself

@@ -17,9 +17,10 @@ from ..core.message import Event, encode_event
 from ..core.plugins import AsyncClosable, WatchesCriteria
 from ..core.retention import Retentions
 from ..ingress.control import Control
+from ..ingress.embedded import EmbeddedPublish
 from ..ingress.http_fast_path import FastPathServer, FastRoute
 from ..ingress.publisher import Publisher
-from ..outbound import SocketOutbound
+from ..outbound import SocketOutbound, normalise_version
 from ..outbound.consumer import Consumer
 from ..runtime.config import Config, load_config
 from ..runtime.gc_freeze import (
@@ -69,6 +70,7 @@ class Bow(Registry):
         self._consumer: asyncio.Task[None] | None = None
         self._history = History(lambda position: None)
         self._control: Control | None = None  # the control endpoints' operations, once started
+        self._embedded: EmbeddedPublish | None = None  # Bow.publish, once started
 
     # -- control (contract section 9), once started ----------------------------------------
 
@@ -84,6 +86,22 @@ class Bow(Registry):
     async def count(self, audience: Any) -> dict[str, Any]:
         """``POST /_bow/count``: ``{"sockets", "listeners", "complete"}`` for ``audience``."""
         return await self._started_control().count(audience)
+
+    async def publish(
+        self,
+        message: Mapping[str, Any],
+        idempotency_key: str | None = None,
+        *,
+        middleware_version: str | None = None,
+    ) -> tuple[str, str]:
+        """Publish ``message`` (``{"name", "audience", "payload"}``) as an inbound does: its
+        ``(id, position)``. With ``idempotency_key``, a repeat of the same message within
+        ``inbound.idempotency_window`` publishes nothing and returns the first's. ``ValueError``
+        for an invalid message or key; ``BackplaneUnavailable`` to retry (with the same key)."""
+        if self._embedded is None or self._stopping:
+            raise RuntimeError("this Bow is not started")
+        version = None if middleware_version is None else normalise_version(middleware_version)
+        return await self._embedded.publish(message, idempotency_key, version)
 
     def _started_control(self) -> Control:
         if self._control is None or self._stopping:
@@ -180,6 +198,16 @@ class Bow(Registry):
         outbound = self._outbound
         assert outbound is not None
         self._control = Control(self.config, publish, backplane)
+        config = self.config
+        self._embedded = EmbeddedPublish(
+            self._publisher.positions,
+            list(self._middlewares),
+            enrich=self._enrichers.enrich_all if self._enrichers else None,
+            max_queries=config.max_queries,
+            max_predicates=config.max_predicates,
+            max_event_bytes=config.max_event_bytes,
+            idempotency_window=config.idempotency_window,
+        )
         return build_app(
             self.config,
             inbounds=self._inbounds,

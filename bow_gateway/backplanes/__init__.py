@@ -10,12 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.retention import Retention
-from .base import Backplane, BackplaneUnavailable, Entry, Gap, Stored
+from .base import AlreadyAccepted, Backplane, BackplaneUnavailable, Claim, Entry, Gap, Stored
 from .memory import MemoryBackplane
 
 __all__ = [
+    "AlreadyAccepted",
     "Backplane",
     "BackplaneUnavailable",
+    "Claim",
     "Entry",
     "Gap",
     "MemoryBackplane",

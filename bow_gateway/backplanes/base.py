@@ -51,6 +51,30 @@ class Stored:
     position: str
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """An idempotency key claimed with a publish, atomically (contract section 16): a publish
+    carrying it appends its events only if no publish took ``key`` within the last ``window``
+    seconds, and keeps ``fingerprint``, the position of its last event and ``answer`` under it
+    for that long; a publish finding it taken appends nothing and raises
+    :class:`AlreadyAccepted`."""
+
+    key: str  # ASCII without spaces, unique per inbound path and Idempotency-Key
+    fingerprint: str  # of the request's body (no spaces)
+    window: float  # seconds the key stays taken
+    answer: str  # what a repeat is answered besides the position (no spaces)
+
+
+class AlreadyAccepted(Exception):
+    """A publish found its :class:`Claim`'s key taken: what the first publish kept."""
+
+    def __init__(self, fingerprint: str, position: str, answer: str) -> None:
+        super().__init__(f"already accepted at {position}")
+        self.fingerprint = fingerprint
+        self.position = position
+        self.answer = answer
+
+
 def with_sequence(data: bytes, sequence: int) -> bytes:
     """An encoded event (a JSON object) carrying its topic sequence as ``"q"``, first."""
     return b'{"q":%d,%s' % (sequence, data[1:])
@@ -77,20 +101,23 @@ class Backplane(abc.ABC):
         :class:`BackplaneUnavailable`. Once this returns, every instance's :meth:`events` yields it
         (unless a :class:`Gap` says otherwise)."""
 
-    async def publish_many(self, events: list[bytes]) -> list[str]:
+    async def publish_many(self, events: list[bytes], claim: Claim | None = None) -> list[str]:
         """Hand ``events`` over in this order, in one trip to the backplane, and return their
         positions (``[]`` for none), or raise :class:`BackplaneUnavailable` (then some of them may
         still be delivered, as a refused :meth:`publish` may). Others publishing meanwhile never
-        come between them on this instance.
+        come between them on this instance. With a ``claim``, atomically: :class:`Claim`.
 
-        This default publishes them one at a time, each after the last was taken: the in-process
-        and Redis backends override it, and so should a backplane of your own."""
+        This default publishes them one at a time, each after the last was taken, and takes no
+        claim: the in-process and Redis backends override it, and so should a backplane of your
+        own."""
+        if claim is not None:
+            raise BackplaneUnavailable(f"{type(self).__name__} takes no idempotency keys")
         return [await self.publish(data) for data in events]
 
     # -- topic histories (clients.md section 14) -------------------------------------------
 
     async def publish_retained(
-        self, events: list[tuple[bytes, Retention | None]]
+        self, events: list[tuple[bytes, Retention | None]], claim: Claim | None = None
     ) -> list[tuple[str, int | None]]:
         """:meth:`publish_many`, each event with a :class:`Retention` also kept in its topic's
         history under the topic's next sequence (distinct and increasing within the topic, on

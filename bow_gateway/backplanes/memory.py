@@ -7,12 +7,21 @@ import os
 import re
 import secrets
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final
 
 from ..core.retention import Retention
-from .base import Backplane, BackplaneUnavailable, Entry, Gap, Stored, with_sequence
+from .base import (
+    AlreadyAccepted,
+    Backplane,
+    BackplaneUnavailable,
+    Claim,
+    Entry,
+    Gap,
+    Stored,
+    with_sequence,
+)
 
 _POSITION: Final = re.compile(r"([0-9a-z]{1,32})\.[0-9a-f]{12}\.([0-9]{1,20})")
 TAG_BYTES: Final = 6  # random bytes of a position's tag (12 hex digits)
@@ -49,6 +58,8 @@ class MemoryBackplane(Backplane):
         # Topic histories: each topic's last sequence, and what it keeps (sequence order)
         self._sequences: dict[str, int] = {}
         self._topics: dict[str, deque[Stored]] = {}
+        # Idempotency keys taken (fingerprint, position, answer, when free again), oldest first
+        self._keys: OrderedDict[str, tuple[str, str, str, float]] = OrderedDict()
 
     async def connect(self) -> None:
         # The bound is kept by publish(), so that disconnect() can always add the end marker.
@@ -62,14 +73,34 @@ class MemoryBackplane(Backplane):
     async def publish(self, data: bytes) -> str:
         return self._put([exact(data)])[0]
 
-    async def publish_many(self, events: list[bytes]) -> list[str]:
+    async def publish_many(self, events: list[bytes], claim: Claim | None = None) -> list[str]:
         """All of ``events`` or none: refused while ``max_pending`` events wait, so that a batch
         may pass the bound by its own size at most."""
-        return self._put([exact(data) for data in events])
+        self._taken(claim)
+        positions = self._put([exact(data) for data in events])
+        self._take(claim, positions)
+        return positions
+
+    def _taken(self, claim: Claim | None) -> None:
+        """:class:`AlreadyAccepted` when ``claim``'s key was taken within its window."""
+        if claim is None:
+            return
+        keys, now = self._keys, time.monotonic()
+        while keys and next(iter(keys.values()))[3] <= now:  # the windows end in this order
+            keys.popitem(last=False)
+        kept = keys.get(claim.key)
+        if kept is not None:
+            raise AlreadyAccepted(*kept[:3])
+
+    def _take(self, claim: Claim | None, positions: list[str]) -> None:
+        if claim is not None and positions:
+            free = time.monotonic() + claim.window
+            self._keys[claim.key] = (claim.fingerprint, positions[-1], claim.answer, free)
 
     async def publish_retained(
-        self, events: list[tuple[bytes, Retention | None]]
+        self, events: list[tuple[bytes, Retention | None]], claim: Claim | None = None
     ) -> list[tuple[str, int | None]]:
+        self._taken(claim)
         self._check()
         now = time.time()
         datas: list[bytes] = []
@@ -96,6 +127,7 @@ class MemoryBackplane(Backplane):
             kept.append(Stored(sequence, data, now, position))
             while kept and kept[0].time < now - retention.max_age:
                 kept.popleft()
+        self._take(claim, positions)
         return list(zip(positions, sequences, strict=True))
 
     async def topic_bounds(self, topic: str) -> tuple[int, int] | None:

@@ -27,7 +27,7 @@ from redis.backoff import NoBackoff
 
 from ..core.retention import Retention
 from ..runtime.redis_client import RedisSettings, redis_client
-from .base import Backplane, BackplaneUnavailable, Entry
+from .base import Backplane, BackplaneUnavailable, Claim, Entry
 from .redis_ids import POSITION, Cursor, StreamId, as_text, format_id, parse_id, raw_reply
 from .redis_instances import FAILURES, Instances
 from .redis_reader import FIELD, Client, StreamReading, cause
@@ -119,6 +119,7 @@ class RedisBackplane(StreamReading, TopicHistories, Backplane):
             epoch_key=self.epoch_key,
             sequences_key=self.sequences_key,
             topic_prefix=self.topic_key(""),
+            claim_prefix=f"{{{self.namespace}}}:key:",
             max_len=self._max_len,
             batch=self._batch,
             batch_bytes=self._batch_bytes,
@@ -154,31 +155,35 @@ class RedisBackplane(StreamReading, TopicHistories, Backplane):
         :class:`BackplaneUnavailable`; no retry."""
         return (await self._publish([(data, None)]))[0][0]
 
-    async def publish_many(self, events: list[bytes]) -> list[str]:
-        """Every event's ``XADD`` in one pipeline (however many, however large), in order, within
-        ``publish_timeout``; their positions, or :class:`BackplaneUnavailable` if any failed."""
-        return [position for position, _ in await self._publish([(data, None) for data in events])]
+    async def publish_many(self, events: list[bytes], claim: Claim | None = None) -> list[str]:
+        """Every event's ``XADD`` in one script call (however many, however large), in order,
+        within ``publish_timeout``; their positions, or :class:`BackplaneUnavailable` if any
+        failed. A ``claim``'s key is ``{namespace}:key:{key}``, taken by the same call."""
+        published = await self._publish([(data, None) for data in events], claim)
+        return [position for position, _ in published]
 
     async def publish_retained(
-        self, events: list[tuple[bytes, Retention | None]]
+        self, events: list[tuple[bytes, Retention | None]], claim: Claim | None = None
     ) -> list[tuple[str, int | None]]:
         """:meth:`publish_many`; a kept event's script also appends it to its topic's history,
         a stream ``{namespace}:topic:{topic}`` whose ids are ``{sequence}-{ms}``."""
-        return await self._publish(list(events))
+        return await self._publish(list(events), claim)
 
     def _connected(self) -> Client:
         if self._client is None:
             raise BackplaneUnavailable("the gateway is not connected to Redis")
         return self._client
 
-    async def _publish(self, events: list[Out]) -> list[tuple[str, int | None]]:
+    async def _publish(
+        self, events: list[Out], claim: Claim | None = None
+    ) -> list[tuple[str, int | None]]:
         writer = self._writer
         if self._client is None or writer is None:
             raise BackplaneUnavailable("the gateway is not connected to Redis")
         if not events:
             return []
         try:
-            positions = await writer.write(events)
+            positions = await writer.write(events, claim)
         except TimeoutError as exc:
             self._lost(exc, "writing to")
             raise BackplaneUnavailable(f"Redis did not take {_what(events)}: {exc}") from None

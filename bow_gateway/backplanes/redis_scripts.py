@@ -42,9 +42,17 @@ PUBLISH: Final = (
 -- (what precedes the topic), the number of histories T, then T times "max count,max age ms",
 -- then each event's history number (1..T; 0: not kept) and each event's length in bytes, both
 -- comma-separated, then the events' data end to end: four arguments for any number of events.
+-- Then an idempotency claim (contract section 16) or '' for none: its fingerprint, its window
+-- in ms and its answer, the claim's key last among KEYS; a claim whose key is taken appends
+-- nothing and returns {'=', what the key holds: "fingerprint position answer"}.
 -- A kept event's data carries its sequence: {"q":N,...}. Each history takes its sequences in
 -- one HINCRBY and is trimmed once, by count and by age, after the write's events.
 -- Returns {epoch value, then per event its id and its sequence (0: not kept)}.
+local claim = ARGV[8 + tonumber(ARGV[4])]
+if claim ~= '' then
+  local taken = redis.call('GET', KEYS[#KEYS])
+  if taken then return {'=', taken} end
+end
 local value = redis.call('GET', KEYS[2])
 if not value or redis.call('EXISTS', KEYS[1]) == 0 then
   value = new_epoch(KEYS[1], KEYS[2], ARGV[1], false)
@@ -115,6 +123,10 @@ for k = 1, histories do
     redis.call('XTRIM', key, 'MINID', keep)
     oldest = more and redis.call('XRANGE', key, '-', '+', 'COUNT', 1)[1]
   end
+end
+if claim ~= '' and #out > 1 then
+  local answer = claim .. ' ' .. epoch .. '.' .. out[#out - 1] .. ' ' .. ARGV[10 + histories]
+  redis.call('SET', KEYS[#KEYS], answer, 'PX', ARGV[9 + histories])
 end
 return out
 """

@@ -12,14 +12,16 @@ from collections import deque
 from typing import Any, TypeAlias
 
 from ..core.retention import Retention
+from .base import AlreadyAccepted, Claim
 from .redis_ids import as_text
 from .redis_scripts import Scripts
 
 Out: TypeAlias = tuple[bytes, Retention | None]
 Published: TypeAlias = list[tuple[str, int | None]]
-_Group: TypeAlias = tuple[list[Out], asyncio.Future[Published]]
-"""The events of one publish, in order, and their positions (and sequences, for those kept in
-a topic's history) once Redis has taken them all."""
+_Group: TypeAlias = tuple[list[Out], asyncio.Future[Published], Claim | None]
+"""The events of one publish, in order, their positions (and sequences, for those kept in a
+topic's history) once Redis has taken them all, and the idempotency claim they carry (a group
+with one is written alone: the claim covers the whole write)."""
 
 
 class StreamWriter:
@@ -33,6 +35,7 @@ class StreamWriter:
         epoch_key: str,
         sequences_key: str,
         topic_prefix: str,
+        claim_prefix: str = "",
         max_len: int = 100_000,
         batch: int = 500,
         batch_bytes: int = 1_048_576,
@@ -41,6 +44,7 @@ class StreamWriter:
         self._scripts = scripts
         self._keys = [key, epoch_key, sequences_key]
         self._topic_prefix = topic_prefix
+        self._claim_prefix = claim_prefix  # of an idempotency key's key
         self._max_len = max_len
         self._batch = batch
         self._batch_bytes = batch_bytes
@@ -51,12 +55,13 @@ class StreamWriter:
         self._deadlines: deque[tuple[float, asyncio.Future[Published]]] = deque()
         self._watchdog: asyncio.TimerHandle | None = None
 
-    async def write(self, events: list[Out]) -> Published:
+    async def write(self, events: list[Out], claim: Claim | None = None) -> Published:
         """Each event's position and sequence (None: not kept) once Redis took them all; the
-        write's failure, or ``TimeoutError`` past ``publish_timeout``."""
+        write's failure, ``TimeoutError`` past ``publish_timeout``, or :class:`AlreadyAccepted`
+        when ``claim``'s key was taken (then nothing was written)."""
         loop = asyncio.get_running_loop()
         written: asyncio.Future[Published] = loop.create_future()
-        self._pending.append((events, written))
+        self._pending.append((events, written, claim))
         if self._writer is None:
             self._writer = asyncio.ensure_future(self._write())
         self._watch(loop, written)
@@ -102,46 +107,51 @@ class StreamWriter:
                 batch = self._next_batch()
                 if not batch:  # every publisher of these gave up
                     continue
-                events = [data for group, _ in batch for data in group]
+                events = [data for group, _, _ in batch for data in group]
                 try:
                     async with asyncio.timeout(self._publish_timeout):
-                        results = await self._xadd(events)
+                        results = await self._xadd(events, batch[0][2])
                 except TimeoutError:
                     late = TimeoutError(f"no answer within {self._publish_timeout}s")
                     results = [late] * len(events)
                 except Exception as exc:  # noqa: BLE001 - each publisher raises it
                     results = [exc] * len(events)
                 start = 0
-                for group, written in batch:
+                for group, written, _ in batch:
                     answers, start = results[start : start + len(group)], start + len(group)
                     if not written.done():
                         _settle(written, answers)
         finally:
             self._writer = None
-            for _, written in [*batch, *self._pending]:  # cancelled midway: no one will send them
+            for _, written, _ in [*batch, *self._pending]:  # cancelled midway: none will send them
                 if not written.done():
                     written.set_exception(OSError("the writer was stopped"))
 
     def _next_batch(self) -> list[_Group]:
         """The oldest pending groups still awaited, within ``batch`` events and ``batch_bytes``
-        (the first group whole, however large: a group is never split)."""
+        (the first group whole, however large: a group is never split); a group with a claim
+        alone."""
         batch: list[_Group] = []
         count = size = taken = 0
-        for events, written in self._pending:
+        for events, written, claim in self._pending:
             more = sum(len(data) for data, _ in events)
             if batch and (count + len(events) > self._batch or size + more > self._batch_bytes):
                 break
+            if batch and claim is not None:
+                break
             taken += 1
             if not written.done():  # else its publisher gave up: not sent
-                batch.append((events, written))
+                batch.append((events, written, claim))
                 count, size = count + len(events), size + more
+                if claim is not None:
+                    break
         del self._pending[:taken]
         return batch
 
-    async def _xadd(self, events: list[Out]) -> list[Any]:
+    async def _xadd(self, events: list[Out], claim: Claim | None) -> list[Any]:
         """Run the publish script once for all ``events`` (each event a command of its own cost
         the gateway a command to pack and an answer to parse); each event's answer:
-        its position and its sequence (None: not kept)."""
+        its position and its sequence (None: not kept), or :class:`AlreadyAccepted`."""
         keys = list(self._keys)
         numbers: dict[str, str] = {}  # a history's key: its number among KEYS[4:]
         specs: list[str] = []
@@ -163,7 +173,15 @@ class StreamWriter:
         prefix_length = len(self._topic_prefix.encode())
         args = [secrets.token_hex(6), self._max_len, prefix_length, len(specs), *specs]
         args += [",".join(kept), lengths, b"".join(datas)]
+        if claim is None:
+            args += ["", 0, ""]
+        else:
+            keys.append(self._claim_prefix + claim.key)
+            args += [claim.fingerprint, max(1, round(claim.window * 1000)), claim.answer]
         value, *answers = await self._scripts.run("publish", keys, args)
+        if value == b"=":
+            fingerprint, position, answer = as_text(answers[0]).split(" ", 2)
+            return [AlreadyAccepted(fingerprint, position, answer)] * len(events)
         prefix = bytes(value).partition(b" ")[0].decode() + "."  # the epoch, then the id
         ids, sequences = answers[::2], answers[1::2]
         return [

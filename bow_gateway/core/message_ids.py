@@ -30,4 +30,6 @@ def new_id() -> str:
 def new_ids(count: int) -> list[str]:
     """``count`` new message ids, in order."""
     prefix, counter = _prefix, _counter
+    if count == 1:  # nearly always: no comprehension's frame
+        return [f"{prefix}{next(counter):x}"]
     return [f"{prefix}{next(counter):x}" for _ in range(count)]

@@ -34,7 +34,8 @@ from ..core.index import Query
 from ..core.message import CountEvent, Event, KickEvent, SetCriteriaEvent, dumps, validate_message
 from ..runtime.config import Config
 from ..runtime.ratelimit import TokenBucket
-from .inbound import POSITION_HEADER, read_json, unavailable, unprocessable
+from .accepted import POSITION_HEADER, unavailable, unprocessable
+from .inbound import read_json
 
 logger = logging.getLogger("bow_gateway.control")
 

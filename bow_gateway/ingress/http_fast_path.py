@@ -34,7 +34,8 @@ from typing import Final, NamedTuple
 from aiohttp import web
 from aiohttp.http import SERVER_SOFTWARE
 
-from .inbound import Accepted, AcceptJson
+from .accepted import Accepted
+from .inbound import AcceptJson
 from .inbound_auth import FailedAttempts, client_address
 
 logger = logging.getLogger("bow_gateway.http")
@@ -62,7 +63,9 @@ _HEAD: Final = re.compile(
 )
 _FIELD: Final = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([^\r]*)\r\n")
 _HANDED: Final = frozenset({b"expect", b"transfer-encoding", b"content-encoding", b"upgrade"})
-_ONCE: Final = frozenset({b"content-length", b"content-type", b"authorization", b"connection"})
+_ONCE: Final = frozenset(
+    {b"content-length", b"content-type", b"authorization", b"connection", b"idempotency-key"}
+)
 
 
 class FastPathServer:
@@ -172,7 +175,7 @@ class FastConnection(asyncio.Protocol):
             self._hand_off()
             return
         length = -1
-        authorization = content_type = None
+        authorization = content_type = key = None
         seen: set[bytes] = set()
         for name, value in _FIELD.findall(head[2]):
             name = name.lower()
@@ -188,6 +191,8 @@ class FastConnection(asyncio.Protocol):
                     content_type = value
                 elif name == b"authorization":
                     authorization = value
+                elif name == b"idempotency-key":
+                    key = value.decode("latin-1")
                 elif value.lower() != b"keep-alive":  # Connection
                     length = -1
                     break
@@ -210,7 +215,7 @@ class FastConnection(asyncio.Protocol):
             return
         self._buffer = buffer[start + length :]
         body = buffer[start : start + length]
-        self.task = asyncio.get_running_loop().create_task(self._answer(route, body))
+        self.task = asyncio.get_running_loop().create_task(self._answer(route, body, key))
 
     def _blocked(self, route: FastRoute) -> bool:
         """Whether this client's address is blocked for its failed attempts (only asked while
@@ -219,9 +224,9 @@ class FastConnection(asyncio.Protocol):
         address = client_address(self._transport.get_extra_info("peername"))
         return route.attempts.retry_after(address) is not None
 
-    async def _answer(self, route: FastRoute, body: bytes) -> None:
+    async def _answer(self, route: FastRoute, body: bytes, key: str | None) -> None:
         try:
-            answer = _no_content(await route.accept_json(body))
+            answer = _no_content(await route.accept_json(body, key))
         except web.HTTPException as error:
             answer = _refusal(error)
         except Exception:
@@ -266,8 +271,7 @@ class FastConnection(asyncio.Protocol):
 def _no_content(accepted: Accepted | None) -> bytes:
     if accepted is None:
         return b"HTTP/1.1 204 No Content\r\n" + _common_headers() + b"\r\n"
-    lines = "".join([f"{name}: {value}\r\n" for name, value in accepted.headers().items()])
-    return b"HTTP/1.1 204 No Content\r\n" + lines.encode() + _common_headers() + b"\r\n"
+    return accepted.head() + _common_headers() + b"\r\n"
 
 
 def _refusal(error: web.HTTPException) -> bytes:

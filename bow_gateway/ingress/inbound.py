@@ -26,7 +26,7 @@ from typing import Any, Final, NamedTuple
 
 from aiohttp import hdrs, web
 
-from ..backplanes import BackplaneUnavailable
+from ..backplanes import AlreadyAccepted, BackplaneUnavailable, Claim
 from ..core.enrichers import EnricherRefused, EnricherTimeout
 from ..core.message import Message, MessageEvent, event_bytes, parse_json, validate_message
 from ..core.message_ids import new_ids
@@ -34,32 +34,19 @@ from ..core.plugins import HealthCheck, InboundPlugin, InboundRequest
 from ..runtime.http_server import request_timeout
 from ..runtime.metrics import Metrics
 from ..runtime.userfn import call_user_function, describe
+from .accepted import Accepted, unavailable, unprocessable
+from .idempotency import KEY_HEADER, Keys, checked_key, repeated
 
 logger = logging.getLogger("bow_gateway.inbound")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-PublishMany = Callable[[list[MessageEvent]], Awaitable[list[str]]]
-"""Events to the backplane in one trip, in order; their positions."""
+PublishMany = Callable[[list[MessageEvent], Claim | None], Awaitable[list[str]]]
+"""Events to the backplane in one trip, in order, with an idempotency claim or None; their
+positions."""
 Enrich = Callable[[list[Message]], Awaitable[list[Message]]]
-AcceptJson = Callable[[bytes], Awaitable["Accepted | None"]]
+AcceptJson = Callable[[bytes, str | None], Awaitable[Accepted | None]]
 """A whole JSON body to the backplane: what was accepted (None: no message), or the refusal as
 a ``web.HTTPException`` (logged and counted already)."""
-
-
-class Accepted(NamedTuple):
-    """What a request published: the last message's position, every message's id, and whether
-    the function returned a batch (then ``Bow-Message-Ids``, even for one)."""
-
-    position: str
-    ids: list[str]
-    batch: bool
-
-    def headers(self) -> dict[str, str]:
-        """The ``204``'s headers: ``Bow-Position``, and ``Bow-Message-Id`` or (a batch)
-        ``Bow-Message-Ids``, the ids in order separated by ``, ``."""
-        if self.batch:
-            return {POSITION_HEADER: self.position, MESSAGE_IDS_HEADER: ", ".join(self.ids)}
-        return {POSITION_HEADER: self.position, MESSAGE_ID_HEADER: self.ids[0]}
 
 
 class InboundHandler(NamedTuple):
@@ -81,84 +68,129 @@ def message_handler(
     max_predicates: int = 32,
     max_event_bytes: int = 262_144,
     max_batch: int = 1_000,
+    idempotency_window: float = 600.0,
     check: Callable[[web.Request], None] | None = None,
 ) -> InboundHandler:
     """The aiohttp handler of one inbound path; ``timeout`` bounds the body's arrival, the
     message function, then the enrichers. ``publish`` returns the events' positions (the last
     is the ``Bow-Position``); ``enrich`` passes the messages through the enrichers; ``check``
-    refuses a request first (the credentials), before it counts as refused."""
-    create_message = inbound.function
-    read = read_request if inbound.create_message_from_request is not None else read_json
-    what = "request" if read is read_request else "body"
-    middleware_version = inbound.middleware_version
-    accepted = metrics.messages_accepted.labels(inbound.path)
+    refuses a request first (the credentials), before it counts as refused; an
+    ``Idempotency-Key`` holds for ``idempotency_window`` seconds (:mod:`.idempotency`)."""
     limits: dict[str, Any] = {"max_queries": max_queries, "max_predicates": max_predicates}
+    endpoint = _Inbound(inbound, publish, metrics, enrich, timeout, limits, max_event_bytes)
+    endpoint.max_batch, endpoint.check = max_batch, check
+    endpoint.keys = Keys(inbound.path, window=idempotency_window)
+    takes_json = inbound.create_message_from_request is None
+    return InboundHandler(endpoint.handle, endpoint.accept_json if takes_json else None)
 
-    def refused(method: str, path: str, error: web.HTTPException) -> None:
-        log_refusal(metrics, inbound.path, method, path, error)
 
-    def checked(raw: Any, batch: bool) -> list[Message]:
-        return checked_messages(raw, batch, max_batch, limits)
+class _Inbound:
+    """One inbound path's requests: read, the message function, checks, enrichers, ids, the
+    backplane; each refusal logged and counted."""
 
-    async def published(argument: Any) -> Accepted | None:
+    max_batch = 1_000
+    check: Callable[[web.Request], None] | None = None
+    keys: Keys
+
+    def __init__(
+        self,
+        inbound: InboundPlugin,
+        publish: PublishMany,
+        metrics: Metrics,
+        enrich: Enrich | None,
+        timeout: float,
+        limits: dict[str, Any],
+        max_event_bytes: int,
+    ) -> None:
+        self.inbound, self.publish, self.metrics = inbound, publish, metrics
+        self.enrich, self.timeout, self.limits = enrich, timeout, limits
+        self.max_event_bytes = max_event_bytes
+        self.create_message = inbound.function
+        self.takes_request = inbound.create_message_from_request is not None
+        self.accepted = metrics.messages_accepted.labels(inbound.path)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if self.check is not None:
+            self.check(request)
+        try:
+            key = checked_key(request.headers.get(KEY_HEADER))
+            if key is None:
+                done = await self.published((await self.arrived(request))[0], None)
+            else:
+                with self.keys.under_way(key):
+                    argument, body = await self.arrived(request)
+                    done = await self.published(argument, (key, body))
+        except web.HTTPException as error:
+            log_refusal(self.metrics, self.inbound.path, request.method, request.path, error)
+            raise
+        if done is None:
+            return web.Response(status=204)
+        return web.Response(status=204, headers=done.headers())
+
+    async def accept_json(self, body: bytes, key: str | None) -> Accepted | None:
+        """A whole JSON body the fast path read (:data:`AcceptJson`)."""
+        try:
+            if key is None:
+                return await self.published(json_body(body), None)
+            checked_key(key)
+            with self.keys.under_way(key):
+                return await self.published(json_body(body), (key, body))
+        except web.HTTPException as error:
+            log_refusal(self.metrics, self.inbound.path, hdrs.METH_POST, self.inbound.path, error)
+            raise
+
+    async def arrived(self, request: web.Request) -> tuple[Any, bytes]:
+        """What the function takes, and the body as it arrived (an idempotency key's)."""
+        if self.takes_request:
+            whole = await read_request(request, self.timeout)
+            return whole, whole.body
+        body = await read_json_bytes(request, self.timeout)
+        return json_body(body), body
+
+    async def published(self, argument: Any, keyed: tuple[str, bytes] | None) -> Accepted | None:
         """The message function on ``argument``, the checks, the enrichers, ids, one trip to the
-        backplane: what was accepted (None: the function returned no message)."""
+        backplane (with ``keyed``'s claim): what was accepted (None: no message)."""
+        create_message, timeout = self.create_message, self.timeout
         try:
             raw = await call_user_function(create_message, argument, timeout)
         except TimeoutError:
             late = f"{describe(create_message)} did not answer within {timeout:g} s"
             raise unavailable(1) from TimeoutError(late)
         except Exception as error:  # noqa: BLE001 - the user's function refused the body
+            what = "request" if self.takes_request else "body"
             raise unprocessable(f"the {what} was refused: {error}") from None
         batch = isinstance(raw, list)
-        messages = checked(raw, batch)
-        if enrich is not None:
-            messages = await enriched(enrich, messages, batch)
+        messages = checked_messages(raw, batch, self.max_batch, self.limits)
+        if self.enrich is not None:
+            messages = await enriched(self.enrich, messages, batch)
         for index, message in enumerate(messages):
-            check_size(message, f"{index}: " if batch else "", max_event_bytes)
+            check_size(message, f"{index}: " if batch else "", self.max_event_bytes)
         if not messages:
             return None
-        done = await accept(publish, middleware_version, messages, batch)
-        accepted.inc(len(messages))
-        return done
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        if check is not None:
-            check(request)
+        ids = new_ids(len(messages))
+        claim = None if keyed is None else self.keys.claim(keyed[0], keyed[1], ids, batch)
+        events = message_events(self.inbound.middleware_version, messages, ids)
         try:
-            done = await published(await read(request, timeout))
-        except web.HTTPException as error:
-            refused(request.method, request.path, error)
-            raise
-        if done is None:
-            return web.Response(status=204)
-        return web.Response(status=204, headers=done.headers())
-
-    async def accept_json(body: bytes) -> Accepted | None:
-        try:
-            return await published(json_body(body))
-        except web.HTTPException as error:
-            refused(hdrs.METH_POST, inbound.path, error)
-            raise
-
-    return InboundHandler(handle, accept_json if read is read_json else None)
+            positions = await self.publish(events, claim)
+        except AlreadyAccepted as taken:
+            assert claim is not None
+            return repeated(taken, claim)
+        except BackplaneUnavailable as error:
+            raise unavailable(error.retry_after) from error
+        self.accepted.inc(len(messages))
+        return Accepted(positions[-1], ids, batch)
 
 
-async def accept(
-    publish: PublishMany, middleware_version: str, messages: list[Message], batch: bool
-) -> Accepted:
-    """Messages checked and enriched, each with a new id, to the backplane in one trip."""
+def message_events(
+    middleware_version: str, messages: list[Message], ids: list[str]
+) -> list[MessageEvent]:
+    """Messages checked and enriched, with their ids, as the backplane carries them (a plain
+    function: one coroutine less a request than an ``async`` one)."""
     now = time.time()
-    ids = new_ids(len(messages))
-    events = [
+    return [
         MessageEvent(middleware_version, message, now, None, message_id)
         for message, message_id in zip(messages, ids, strict=True)
     ]
-    try:
-        positions = await publish(events)
-    except BackplaneUnavailable as error:
-        raise unavailable(error.retry_after) from error
-    return Accepted(positions[-1], ids, batch)
 
 
 def log_refusal(
@@ -222,21 +254,20 @@ def check_size(message: Message, where: str, max_event_bytes: int) -> None:
 
 
 NO_BODY: Final = "the request has no body: send a JSON message"
-POSITION_HEADER: Final = "Bow-Position"
-"""The ``204``'s header: the accepted event's position, as sockets get it in ``meta.position``."""
-MESSAGE_ID_HEADER: Final = "Bow-Message-Id"
-"""The ``204``'s header: the accepted message's id, as sockets get it in ``meta.id``."""
-MESSAGE_IDS_HEADER: Final = "Bow-Message-Ids"
-"""A batch's ``204``: its messages' ids, in order, separated by ``, ``."""
 
 
 async def read_json(request: web.Request, timeout: float) -> Any:
     """The request's JSON body, within ``timeout`` s: 422 without one, sent as another type or
     not JSON; 408 late; 400 undecodable; 413 over the app's ``client_max_size``."""
+    return json_body(await read_json_bytes(request, timeout))
+
+
+async def read_json_bytes(request: web.Request, timeout: float) -> bytes:
+    """:func:`read_json`'s body as it arrived (decoded), not parsed yet."""
     if not request.body_exists:
         raise unprocessable(NO_BODY)
     _check_json_content_type(request)
-    return json_body(await _read(request, timeout))
+    return await _read(request, timeout)
 
 
 def json_body(body: bytes) -> Any:
@@ -321,20 +352,6 @@ async def _read(request: web.Request, timeout: float) -> bytes:
         raise web.HTTPBadRequest(
             text="400: the connection closed before the body arrived"
         ) from None
-
-
-def unprocessable(reason: str, limit: int = 2_000) -> web.HTTPException:
-    if len(reason) > limit:  # a message function's own words may be long
-        reason = reason[:limit] + f"... ({len(reason) - limit} more characters)"
-    return web.HTTPUnprocessableEntity(text=f"422: {reason}")
-
-
-def unavailable(retry_after: float) -> web.HTTPException:
-    """``503``: nothing internal in the body (a Redis address); the log gets the cause."""
-    return web.HTTPServiceUnavailable(
-        text="503: the gateway cannot take messages now: retry later",
-        headers={hdrs.RETRY_AFTER: str(max(1, round(retry_after)))},
-    )
 
 
 def health_handler(

@@ -77,6 +77,8 @@ class Config:
     api_prefix: str = "/_bow"
     api_max_batch: int = 1_000
     inbound_max_batch: int = 1_000
+    idempotency_window: float = 600.0
+    """Seconds an ``Idempotency-Key`` stays taken after its request was accepted."""
     """Messages one inbound request may return (a batch); more is ``413``."""
     count_max_ids: int = 10_000
     count_timeout: float = 0.5
@@ -167,6 +169,7 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         api_prefix=data["api"]["prefix"],
         api_max_batch=data["api"]["max_batch"],
         inbound_max_batch=data["inbound"]["max_batch"],
+        idempotency_window=data["inbound"]["idempotency_window"],
         count_max_ids=data["api"]["count_max_ids"],
         count_timeout=data["api"]["count_timeout"],
         max_counts_per_second=data["api"]["max_counts_per_second"],

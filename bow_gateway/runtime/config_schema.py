@@ -97,6 +97,12 @@ class _InboundSchema(Schema):
     max_predicates = fields.Integer(load_default=32, validate=validate.Range(min=1))
     max_batch = fields.Integer(load_default=1_000, validate=validate.Range(min=1))
     max_auth_failures_per_minute = fields.Integer(load_default=60, validate=validate.Range(min=1))
+    idempotency_window = fields.Float(
+        load_default=600.0,
+        validate=validate.Range(
+            min=1, max=86_400, error="must be from {min} to {max} seconds (a day)"
+        ),
+    )
 
 
 _PREFIX = re.compile(r"(/[A-Za-z0-9._~!$&'()*+,;=:@%-]+)+")

@@ -83,9 +83,12 @@ class P2:
     def alerts(self) -> list[tuple[Any, ...]]:
         return [args for name, args, _ in self.log if name == "alert"]
 
-    async def connect(self, proto: str | None = "2", version: str = "v1.3") -> P2:
+    async def connect(
+        self, proto: str | None = "2", version: str = "v1.3", transport: str = "websocket"
+    ) -> P2:
+        """Connect over ``transport`` alone (``websocket``, or ``polling``: long-polling)."""
         query = f"?v={version}" + ("" if proto is None else f"&proto={proto}")
-        await self.client.connect(self.url + query, transports=["websocket"], wait_timeout=WAIT)
+        await self.client.connect(self.url + query, transports=[transport], wait_timeout=WAIT)
         return self
 
     async def authenticate(self, listener_token: Any, options: Any = None) -> Any:
