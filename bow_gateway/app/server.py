@@ -103,6 +103,17 @@ class Bow(Registry):
         version = None if middleware_version is None else normalise_version(middleware_version)
         return await self._embedded.publish(message, idempotency_key, version)
 
+    async def presence(
+        self, audience: Any, limit: int = 1_000, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """``POST /_bow/presence``: ``{"listeners", "sockets", "protocols", "next",
+        "complete"}``, a page of the listeners matching ``audience`` now, on every instance."""
+        return await self._started_control().presence(audience, limit, cursor)
+
+    async def online(self, ids: Any) -> dict[str, Any]:
+        """``POST /_bow/online``: ``{"online", "complete"}``, those of ``ids`` connected."""
+        return await self._started_control().online(ids)
+
     def _started_control(self) -> Control:
         if self._control is None or self._stopping:
             raise RuntimeError("this Bow is not started")

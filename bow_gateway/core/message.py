@@ -285,7 +285,20 @@ class CountEvent:
     audience: list[Query]
 
 
-Event = MessageEvent | CriteriaEvent | SetCriteriaEvent | KickEvent | CountEvent
+@dataclass(frozen=True, slots=True)
+class PresenceEvent:
+    """``POST /_bow/presence`` (``audience``: the listeners matching it, ``limit`` of them after
+    ``after``, the JSON text of an id) or ``/_bow/online`` (``ids``: those held): every instance
+    answers what it holds now (contract section 18)."""
+
+    request_id: str
+    audience: list[Query] | None = None
+    after: str | None = None
+    limit: int = 1_000
+    ids: list[ListenerId] | None = None
+
+
+Event = MessageEvent | CriteriaEvent | SetCriteriaEvent | KickEvent | CountEvent | PresenceEvent
 
 
 def encode_event(event: Event) -> bytes:
@@ -313,6 +326,12 @@ def encode_event(event: Event) -> bytes:
         return dumps({"s": [[listener_id, criteria] for listener_id, criteria in event.changes]})
     if isinstance(event, KickEvent):
         return dumps({"x": event.ids, "r": event.reason, "a": event.reconnect})
+    if isinstance(event, PresenceEvent):
+        if event.ids is not None:
+            return dumps({"w": event.request_id, "o": event.ids})
+        return dumps(
+            {"w": event.request_id, "a": event.audience, "f": event.after, "l": event.limit}
+        )
     return dumps({"q": event.request_id, "a": event.audience})
 
 
@@ -335,6 +354,10 @@ def decode_event(data: bytes) -> Event:
         return SetCriteriaEvent([(entry[0], entry[1]) for entry in document["s"]])
     if "x" in document:
         return KickEvent(document["x"], document["r"], document["a"])
+    if "w" in document:
+        if "o" in document:
+            return PresenceEvent(document["w"], ids=document["o"])
+        return PresenceEvent(document["w"], document["a"], document["f"], document["l"])
     return CountEvent(document["q"], document["a"])
 
 

@@ -31,11 +31,20 @@ from ..core.criteria import (
     typed_key,
 )
 from ..core.index import Query
-from ..core.message import CountEvent, Event, KickEvent, SetCriteriaEvent, dumps, validate_message
+from ..core.message import (
+    CountEvent,
+    Event,
+    KickEvent,
+    PresenceEvent,
+    SetCriteriaEvent,
+    dumps,
+    validate_message,
+)
 from ..runtime.config import Config
 from ..runtime.ratelimit import TokenBucket
 from .accepted import POSITION_HEADER, unavailable, unprocessable
 from .inbound import read_json
+from .presence import check_online, check_presence, merged_online, merged_presence
 
 logger = logging.getLogger("bow_gateway.control")
 
@@ -191,6 +200,18 @@ class Control:
         """``{"sockets", "listeners", "complete"}`` of the sockets matching ``audience`` now."""
         return await self._count(self._check_count({"audience": audience}))
 
+    async def presence(
+        self, audience: Any, limit: Any = 1_000, cursor: Any = None
+    ) -> dict[str, Any]:
+        """``POST /_bow/presence`` (section 18): a page of the listeners matching ``audience``
+        now, on every instance, with exact counts."""
+        body = {"audience": audience, "limit": limit, "cursor": cursor}
+        return await self._presence(self._check_presence(body))
+
+    async def online(self, ids: Any) -> dict[str, Any]:
+        """``POST /_bow/online``: those of ``ids`` with an authenticated socket anywhere."""
+        return await self._online(check_online({"ids": ids}))
+
     def add_routes(
         self, add_post: Callable[[str, Handler], None], inbound_paths: Iterable[str]
     ) -> None:
@@ -201,6 +222,8 @@ class Control:
         add_post(f"{prefix}/criteria", self._handler(self._post_criteria))
         add_post(f"{prefix}/disconnect", self._handler(self._post_disconnect))
         add_post(f"{prefix}/count", self._handler(self._post_count, limited=True))
+        add_post(f"{prefix}/presence", self._handler(self._post_presence, limited=True))
+        add_post(f"{prefix}/online", self._handler(self._post_online, limited=True))
 
     async def _kick(self, kick: KickEvent) -> str:
         if not kick.ids:
@@ -221,6 +244,39 @@ class Control:
         ask = partial(self._publish, CountEvent(request_id, audience))
         answers, complete = await backplane.answers(request_id, ask, self._config.count_timeout)
         return summed(answers, complete, self._config.count_max_ids)
+
+    def _check_presence(self, body: Any) -> tuple[list[Query], int, str | None]:
+        config = self._config
+        return check_presence(
+            body, max_queries=config.max_queries, max_predicates=config.max_predicates
+        )
+
+    async def _presence(self, asked: tuple[list[Query], int, str | None]) -> dict[str, Any]:
+        audience, limit, cursor = asked
+        request_id = secrets.token_hex(8)
+        ask = partial(self._publish, PresenceEvent(request_id, audience, cursor, limit))
+        answers, complete = await self._backplane.answers(
+            request_id, ask, self._config.count_timeout
+        )
+        return merged_presence(answers, complete, limit)
+
+    async def _online(self, ids: list[ListenerId]) -> dict[str, Any]:
+        if not ids:
+            return {"online": [], "complete": True}
+        request_id = secrets.token_hex(8)
+        ask = partial(self._publish, PresenceEvent(request_id, ids=ids))
+        answers, complete = await self._backplane.answers(
+            request_id, ask, self._config.count_timeout
+        )
+        return merged_online(answers, complete, ids)
+
+    async def _post_presence(self, body: Any) -> web.Response:
+        result = await self._presence(self._check_presence(body))
+        return web.Response(body=dumps(result), content_type="application/json")
+
+    async def _post_online(self, body: Any) -> web.Response:
+        result = await self._online(check_online(body))
+        return web.Response(body=dumps(result), content_type="application/json")
 
     async def _post_criteria(self, body: Any) -> web.Response:
         return _no_content(await self.set_criteria(body))

@@ -17,6 +17,7 @@ from ..core.message import (
     Event,
     KickEvent,
     MessageEvent,
+    PresenceEvent,
     SetCriteriaEvent,
     count_answer,
     decode_event,
@@ -24,6 +25,7 @@ from ..core.message import (
 from ..runtime.metrics import Metrics
 from ..seams.prometheus import StepHistogram
 from . import SocketOutbound
+from .presence import presence_answer
 
 logger = logging.getLogger("bow_gateway")
 
@@ -91,6 +93,10 @@ class Consumer:
             answer = count_answer(
                 self._outbound.delivery.count(event.audience), self._count_max_ids
             )
+            self._outbound.spawn(self._backplane.answer(event.request_id, answer))
+            return
+        if isinstance(event, PresenceEvent):
+            answer = presence_answer(self._outbound.indices, event)
             self._outbound.spawn(self._backplane.answer(event.request_id, answer))
             return
         await self._outbound.delivery.deliver(entry.position, event)
