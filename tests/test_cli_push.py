@@ -107,6 +107,29 @@ async def test_topic_reaches_a_listener_through_the_gobbler_inbound(start_bow: S
     assert (name, payload) == ("/chat/room1", "hello")
 
 
+async def test_a_push_retried_with_its_idempotency_key_is_delivered_once(
+    gateway: str, listener: Listener
+) -> None:
+    message = ("--path", PATH, "--name", "shipped", "--audience", json.dumps(ADMINS))
+    for _ in range(2):
+        result = await push(gateway, *message, "--idempotency-key", "order-17:shipped")
+        assert (result.code, result.out) == (0, "204 No Content: accepted\n"), result.err
+    await push(gateway, "--path", PATH, "--name", "after", "--audience", json.dumps(ADMINS))
+    assert [(await listener.next())[0] for _ in range(2)] == ["shipped", "after"]
+
+
+async def test_a_malformed_idempotency_key_is_refused_422(gateway: str) -> None:
+    args = ("--path", PATH, "--name", "x", "--audience", json.dumps(ADMINS))
+    args += ("--idempotency-key", "a b")
+    result = await push(gateway, *args)
+    assert result.code == 1 and "422" in result.err and "Idempotency-Key" in result.err
+
+
+async def test_an_idempotency_key_does_not_go_with_batch(gateway: str, tmp_path: Path) -> None:
+    result = await push(gateway, "--batch", jsonl(tmp_path, greeting(1)), "--idempotency-key", "k")
+    assert result.code == 2 and "--idempotency-key does not go with --batch" in result.err
+
+
 async def test_batch_sends_the_file_in_order_as_lists_of_at_most_batch_size(
     gateway: str, listener: Listener, tmp_path: Path
 ) -> None:

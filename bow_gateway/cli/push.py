@@ -65,6 +65,12 @@ def add_arguments(push: argparse.ArgumentParser) -> None:
         action="store_true",
         help='send {"name", "audience", "payload"} instead (for an envelope inbound)',
     )
+    push.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="send Idempotency-Key: KEY (1 to 200 of A-Z a-z 0-9 . _ : -): a retry with the same "
+        "KEY and message is answered the first 204 and delivers nothing again",
+    )
     gobbler = push.add_argument_group("Gobbler's REST publish")
     gobbler.add_argument(
         "--topic", help="POST --body as text to PATH/TOPIC (the message is /TOPIC)"
@@ -113,8 +119,8 @@ class Request:
 
 
 MODE_OPTIONS: Final = {
-    "json": ("name", "audience", "payload", "envelope"),
-    "topic": ("body", "header", "user_id", "message_id"),
+    "json": ("name", "audience", "payload", "envelope", "idempotency_key"),
+    "topic": ("body", "header", "user_id", "message_id", "idempotency_key"),
     "batch": (),
 }
 """The options of each way to push (``--batch`` takes ``--batch-size`` and ``--batch-bytes``,
@@ -126,9 +132,10 @@ def push(args: argparse.Namespace) -> int:
     if args.topic is not None and args.batch is not None:
         raise UsageError("give --topic or --batch, not both")
     mode = "topic" if args.topic is not None else "batch" if args.batch is not None else "json"
-    for other, options in MODE_OPTIONS.items():
-        for option in options if other != mode else ():
-            if getattr(args, option) not in (None, False, [], ""):
+    allowed = MODE_OPTIONS[mode]
+    for options in MODE_OPTIONS.values():
+        for option in options:
+            if option not in allowed and getattr(args, option) not in (None, False, [], ""):
                 flag = "--" + option.replace("_", "-")
                 goes = "goes with --topic" if mode == "json" else f"does not go with --{mode}"
                 raise UsageError(f"{flag} {goes}")
@@ -149,8 +156,12 @@ def push(args: argparse.Namespace) -> int:
             return asyncio.run(_post_batches(url, auth, file, args.batch_size, args.batch_bytes))
     if args.name is None or args.audience is None:
         raise UsageError("give --name and --audience (or --topic TOPIC, or --batch FILE)")
-    headers = {**auth, "Content-Type": "application/json"}
+    headers = {**auth, "Content-Type": "application/json", **_keyed(args)}
     return asyncio.run(_post_one(Request(url, json.dumps(_message(args)).encode(), headers, {})))
+
+
+def _keyed(args: argparse.Namespace) -> dict[str, str]:
+    return {} if args.idempotency_key is None else {"Idempotency-Key": args.idempotency_key}
 
 
 def _message(args: argparse.Namespace) -> dict[str, Any]:
@@ -177,7 +188,7 @@ def _topic_request(args: argparse.Namespace, base: str, auth: dict[str, str]) ->
     topic = args.topic.lstrip("/")
     if not topic:
         raise UsageError("--topic must not be empty")
-    headers = {**auth, "Content-Type": "text/plain; charset=utf-8"}
+    headers = {**auth, "Content-Type": "text/plain; charset=utf-8", **_keyed(args)}
     for option in args.header:
         key, equals, value = option.partition("=")
         if not equals or not key or any(c in key for c in " \t:") or "\n" in option:
