@@ -70,10 +70,13 @@ class EmbeddedPublish:
         body = orjson.dumps(dict(message), option=orjson.OPT_SORT_KEYS, default=str)
         claim = self._keys.claim(idempotency_key, body, ids, False)
         try:
-            with self._keys.under_way(idempotency_key):
-                return await self._claimed(version, checked, ids, claim)
+            self._keys.start(idempotency_key)
         except web.HTTPConflict:
             raise BackplaneUnavailable("a publish with this key is under way: retry") from None
+        try:
+            return await self._claimed(version, checked, ids, claim)
+        finally:
+            self._keys.end(idempotency_key)
 
     async def _claimed(
         self, version: str, message: Message, ids: list[str], claim: Claim

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Final
 
 from aiohttp import hdrs, web
@@ -35,34 +33,32 @@ class Keys:
     """One inbound path's idempotency keys: those under way on this instance, and the claims
     its requests carry (scoped to the path: the same key on two paths is two keys)."""
 
-    __slots__ = ("_busy", "_path", "_window")
+    __slots__ = ("_busy", "_scope", "_window")
 
     def __init__(self, path: str, *, window: float = 600.0) -> None:
-        self._path = path
+        # The path's hash: a claim's key is it and the key itself (whose characters are safe)
+        self._scope = hashlib.blake2b(path.encode(), digest_size=10).hexdigest() + ":"
         self._window = window
         self._busy: set[str] = set()
 
-    @contextmanager
-    def under_way(self, key: str) -> Iterator[None]:
-        """While a request with ``key`` is handled: ``409`` for another with the same key."""
+    def start(self, key: str) -> None:
+        """A request with ``key`` is under way (until :meth:`end`): ``409`` for another."""
         if key in self._busy:
             raise web.HTTPConflict(
                 text=f"409: a request with this {KEY_HEADER} is under way: retry later",
                 headers={hdrs.RETRY_AFTER: "1"},
             )
         self._busy.add(key)
-        try:
-            yield
-        finally:
-            self._busy.discard(key)
+
+    def end(self, key: str) -> None:
+        self._busy.discard(key)
 
     def claim(self, key: str, body: bytes, ids: list[str], batch: bool) -> Claim:
         """The claim a request with ``key`` and ``body`` publishes with; what a repeat is
         answered: the messages' ids."""
-        scoped = hashlib.sha256(f"{self._path}\n{key}".encode()).hexdigest()[:40]
-        fingerprint = hashlib.sha256(body).hexdigest()[:40]
+        fingerprint = hashlib.blake2b(body, digest_size=16).hexdigest()
         answer = ("b" if batch else "1") + ",".join(ids)
-        return Claim(scoped, fingerprint, self._window, answer)
+        return Claim(self._scope + key, fingerprint, self._window, answer)
 
 
 def repeated(taken: AlreadyAccepted, claim: Claim) -> Accepted:

@@ -117,9 +117,12 @@ class _Inbound:
             if key is None:
                 done = await self.published((await self.arrived(request))[0], None)
             else:
-                with self.keys.under_way(key):
+                self.keys.start(key)
+                try:
                     argument, body = await self.arrived(request)
                     done = await self.published(argument, (key, body))
+                finally:
+                    self.keys.end(key)
         except web.HTTPException as error:
             log_refusal(self.metrics, self.inbound.path, request.method, request.path, error)
             raise
@@ -133,8 +136,11 @@ class _Inbound:
             if key is None:
                 return await self.published(json_body(body), None)
             checked_key(key)
-            with self.keys.under_way(key):
+            self.keys.start(key)
+            try:
                 return await self.published(json_body(body), (key, body))
+            finally:
+                self.keys.end(key)
         except web.HTTPException as error:
             log_refusal(self.metrics, self.inbound.path, hdrs.METH_POST, self.inbound.path, error)
             raise
