@@ -761,3 +761,25 @@ async def test_concurrent_claims_of_one_key_append_once(shared_backend: Backend)
     )
     assert sum(isinstance(result, list) for result in results) == 1, results
     assert sum(isinstance(result, AlreadyAccepted) for result in results) == 2, results
+
+
+async def test_claimed_publishes_written_together_each_append_once(backend: Backend) -> None:
+    """Concurrent keyed publishes of one instance go to Redis in one script call: a taken key
+    skips its own events only. Guards against a batch of claims appending a repeat, or holding
+    back the others."""
+    backplane = await backend.connected()
+    await backplane.publish_many([b"first"], claim("k0"))
+    results = await asyncio.gather(
+        backplane.publish_many([b"again"], claim("k0")),
+        backplane.publish_many([b"b1", b"b2"], claim("k1")),
+        backplane.publish_many([b"plain"]),
+        backplane.publish_retained(
+            [(b'{"n":3}', Retention("/chat/batched", 10, 60.0))], claim("k2")
+        ),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], AlreadyAccepted), results
+    assert all(isinstance(result, list) for result in results[1:]), results
+    assert await take(backplane, 5) == [b"first", b"b1", b"b2", b"plain", b'{"q":1,"n":3}']
+    with pytest.raises(AlreadyAccepted):
+        await backplane.publish_many([b"b1"], claim("k1"))

@@ -460,9 +460,9 @@ async def test_a_batch_goes_in_one_pipeline_however_large(
     assert stream is not None
     xadd = stream._xadd
 
-    async def counted(events: list[Any], claim: Any) -> list[Any]:
-        sent.append(len(events))
-        return await xadd(events, claim)
+    async def counted(batch: list[Any]) -> list[Any]:
+        sent.append(sum(len(events) for events, _, _ in batch))
+        return await xadd(batch)
 
     stream._xadd = counted  # type: ignore[method-assign]
     events = [f"{n:03} ".encode() + b"x" * 100 for n in range(40)]  # 4 times both limits

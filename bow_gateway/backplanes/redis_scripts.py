@@ -42,16 +42,26 @@ PUBLISH: Final = (
 -- (what precedes the topic), the number of histories T, then T times "max count,max age ms",
 -- then each event's history number (1..T; 0: not kept) and each event's length in bytes, both
 -- comma-separated, then the events' data end to end: four arguments for any number of events.
--- Then an idempotency claim (contract section 16) or '' for none: its fingerprint, its window
--- in ms and its answer, the claim's key last among KEYS; a claim whose key is taken appends
--- nothing and returns {'=', what the key holds: "fingerprint position answer"}.
+-- Then C, the number of idempotency claims (contract section 16), C times a claim's fingerprint,
+-- window in ms and answer (their keys last among KEYS, in order), and (C > 0) each event's claim
+-- number (1..C; 0: none), comma-separated. The events of a claim whose key is taken are not
+-- appended: each answers '=' and what the key holds ("fingerprint position answer"); a claim
+-- taken now keeps "fingerprint position-of-its-last-event answer" for its window.
 -- A kept event's data carries its sequence: {"q":N,...}. Each history takes its sequences in
 -- one HINCRBY and is trimmed once, by count and by age, after the write's events.
--- Returns {epoch value, then per event its id and its sequence (0: not kept)}.
-local claim = ARGV[8 + tonumber(ARGV[4])]
-if claim ~= '' then
-  local taken = redis.call('GET', KEYS[#KEYS])
-  if taken then return {'=', taken} end
+-- Returns {epoch value, then per event its id and its sequence (0: not kept), or '=' and what
+-- its claim's key holds}.
+local claims = tonumber(ARGV[8 + tonumber(ARGV[4])])
+local claimed, taken, base = {}, {}, #KEYS - claims
+if claims > 0 then
+  for c in string.gmatch(ARGV[9 + tonumber(ARGV[4]) + 3 * claims], '%d+') do
+    claimed[#claimed + 1] = tonumber(c)
+  end
+  for c = 1, claims do taken[c] = redis.call('GET', KEYS[base + c]) end
+end
+local function skipped(i)
+  local c = claimed[i]
+  return c ~= nil and c > 0 and taken[c]
 end
 local value = redis.call('GET', KEYS[2])
 if not value or redis.call('EXISTS', KEYS[1]) == 0 then
@@ -67,8 +77,8 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local kept = {}
 for k = 1, histories do kept[k] = 0 end
-for _, k in ipairs(numbers) do
-  if k > 0 then kept[k] = kept[k] + 1 end
+for i, k in ipairs(numbers) do
+  if k > 0 and not skipped(i) then kept[k] = kept[k] + 1 end
 end
 local next_seq, ms = {}, {}
 for k = 1, histories do  -- each history keeps at least one of the events
@@ -86,11 +96,14 @@ for k = 1, histories do  -- each history keeps at least one of the events
   end
   next_seq[k] = last - kept[k] + 1
 end
-local out, from = {value}, 1
+local out, from, last_of = {value}, 1, {}
 for i, k in ipairs(numbers) do
   local data = string.sub(blob, from, from + lengths[i] - 1)
   from = from + lengths[i]
-  if k == 0 then
+  if skipped(i) then
+    out[#out + 1] = '='
+    out[#out + 1] = taken[claimed[i]]
+  elseif k == 0 then
     out[#out + 1] = redis.call('XADD', KEYS[1], '*', 'd', data)
     out[#out + 1] = 0
   else
@@ -103,6 +116,7 @@ for i, k in ipairs(numbers) do
     out[#out + 1] = entry
     out[#out + 1] = seq
   end
+  if claims > 0 and claimed[i] > 0 and not skipped(i) then last_of[claimed[i]] = out[#out - 1] end
 end
 redis.call('XTRIM', KEYS[1], 'MAXLEN', '~', ARGV[2])
 for k = 1, histories do
@@ -124,9 +138,12 @@ for k = 1, histories do
     oldest = more and redis.call('XRANGE', key, '-', '+', 'COUNT', 1)[1]
   end
 end
-if claim ~= '' and #out > 1 then
-  local answer = claim .. ' ' .. epoch .. '.' .. out[#out - 1] .. ' ' .. ARGV[10 + histories]
-  redis.call('SET', KEYS[#KEYS], answer, 'PX', ARGV[9 + histories])
+for c = 1, claims do
+  if not taken[c] and last_of[c] then
+    local at = 9 + histories + 3 * (c - 1)
+    local kept_value = ARGV[at] .. ' ' .. epoch .. '.' .. last_of[c] .. ' ' .. ARGV[at + 2]
+    redis.call('SET', KEYS[base + c], kept_value, 'PX', ARGV[at + 1])
+  end
 end
 return out
 """

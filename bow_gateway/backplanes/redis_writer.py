@@ -20,8 +20,8 @@ Out: TypeAlias = tuple[bytes, Retention | None]
 Published: TypeAlias = list[tuple[str, int | None]]
 _Group: TypeAlias = tuple[list[Out], asyncio.Future[Published], Claim | None]
 """The events of one publish, in order, their positions (and sequences, for those kept in a
-topic's history) once Redis has taken them all, and the idempotency claim they carry (a group
-with one is written alone: the claim covers the whole write)."""
+topic's history) once Redis has taken them all, and the idempotency claim they carry (which
+covers the group, in the same script call as the groups written with it)."""
 
 
 class StreamWriter:
@@ -110,7 +110,7 @@ class StreamWriter:
                 events = [data for group, _, _ in batch for data in group]
                 try:
                     async with asyncio.timeout(self._publish_timeout):
-                        results = await self._xadd(events, batch[0][2])
+                        results = await self._xadd(batch)
                 except TimeoutError:
                     late = TimeoutError(f"no answer within {self._publish_timeout}s")
                     results = [late] * len(events)
@@ -129,29 +129,31 @@ class StreamWriter:
 
     def _next_batch(self) -> list[_Group]:
         """The oldest pending groups still awaited, within ``batch`` events and ``batch_bytes``
-        (the first group whole, however large: a group is never split); a group with a claim
-        alone."""
+        (the first group whole, however large: a group is never split); never two claims of one
+        key (the second waits for the next write, to find the key taken)."""
         batch: list[_Group] = []
         count = size = taken = 0
+        keys: set[str] = set()
         for events, written, claim in self._pending:
             more = sum(len(data) for data, _ in events)
             if batch and (count + len(events) > self._batch or size + more > self._batch_bytes):
                 break
-            if batch and claim is not None:
+            if claim is not None and claim.key in keys:
                 break
             taken += 1
             if not written.done():  # else its publisher gave up: not sent
                 batch.append((events, written, claim))
                 count, size = count + len(events), size + more
                 if claim is not None:
-                    break
+                    keys.add(claim.key)
         del self._pending[:taken]
         return batch
 
-    async def _xadd(self, events: list[Out], claim: Claim | None) -> list[Any]:
-        """Run the publish script once for all ``events`` (each event a command of its own cost
-        the gateway a command to pack and an answer to parse); each event's answer:
+    async def _xadd(self, batch: list[_Group]) -> list[Any]:
+        """Run the publish script once for every event of ``batch`` (each event a command of its
+        own cost the gateway a command to pack and an answer to parse); each event's answer:
         its position and its sequence (None: not kept), or :class:`AlreadyAccepted`."""
+        events = [data for group, _, _ in batch for data in group]
         keys = list(self._keys)
         numbers: dict[str, str] = {}  # a history's key: its number among KEYS[4:]
         specs: list[str] = []
@@ -173,21 +175,37 @@ class StreamWriter:
         prefix_length = len(self._topic_prefix.encode())
         args = [secrets.token_hex(6), self._max_len, prefix_length, len(specs), *specs]
         args += [",".join(kept), lengths, b"".join(datas)]
-        if claim is None:
-            args += ["", 0, ""]
-        else:
-            keys.append(self._claim_prefix + claim.key)
-            args += [claim.fingerprint, max(1, round(claim.window * 1000)), claim.answer]
+        args += self._claims(batch, keys)
         value, *answers = await self._scripts.run("publish", keys, args)
-        if value == b"=":
-            fingerprint, position, answer = as_text(answers[0]).split(" ", 2)
-            return [AlreadyAccepted(fingerprint, position, answer)] * len(events)
         prefix = bytes(value).partition(b" ")[0].decode() + "."  # the epoch, then the id
         ids, sequences = answers[::2], answers[1::2]
         return [
-            (prefix + as_text(entry_id), int(sequence) or None)
+            _taken(sequence)
+            if entry_id == b"="
+            else (prefix + as_text(entry_id), int(sequence) or None)
             for entry_id, sequence in zip(ids, sequences, strict=True)
         ]
+
+    def _claims(self, batch: list[_Group], keys: list[str]) -> list[Any]:
+        """The script's claim arguments for ``batch`` (their keys appended to ``keys``)."""
+        args: list[Any] = []
+        numbers: list[str] = []
+        for group, _, claim in batch:
+            if claim is None:
+                numbers += ["0"] * len(group)
+                continue
+            keys.append(self._claim_prefix + claim.key)
+            args += [claim.fingerprint, max(1, round(claim.window * 1000)), claim.answer]
+            numbers += [str(len(args) // 3)] * len(group)
+        if not args:
+            return [0]
+        return [len(args) // 3, *args, ",".join(numbers)]
+
+
+def _taken(kept: bytes | str) -> AlreadyAccepted:
+    """A claim's key found taken: what it holds, ``"fingerprint position answer"``."""
+    fingerprint, position, answer = as_text(kept).split(" ", 2)
+    return AlreadyAccepted(fingerprint, position, answer)
 
 
 def _settle(written: asyncio.Future[Published], answers: list[Any]) -> None:
