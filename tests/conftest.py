@@ -12,7 +12,8 @@ import pytest
 
 from bow_gateway import Bow
 
-from .support import AUTH, MAX_HEADER, PATH, Gateway, Listener, standard_bow, token
+from .support import AUTH, MAX_HEADER, PATH, Gateway, Listener, base_config, standard_bow, token
+from .support.protocol2 import P2Gateway, p2_bow
 
 # Every Python the tests start (`python -m bow_gateway` from the repository's root, say) imports
 # the installed bow_gateway, not the tree's: the working directory is kept off its sys.path.
@@ -102,6 +103,27 @@ async def serve(
     async def start(bow: Bow) -> Gateway:
         gateway = Gateway(await start_bow(bow), http)
         gateways.append(gateway)
+        return gateway
+
+    yield start
+    for gateway in gateways:
+        await gateway.close()
+
+
+@pytest.fixture
+async def serve_p2(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> AsyncIterator[Callable[..., Awaitable[P2Gateway]]]:
+    """``gateway = await serve_p2(**config)``: :func:`~.support.protocol2.p2_bow` with
+    ``config`` overriding top-level sections, its watcher connected; or
+    ``serve_p2(bow=some_bow)``. Its clients are closed before it stops."""
+    gateways: list[P2Gateway] = []
+
+    async def start(bow: Bow | None = None, **config: Any) -> P2Gateway:
+        started = await start_bow(bow or p2_bow(base_config(**config)))
+        gateway = P2Gateway(Gateway(started, http))
+        gateways.append(gateway)
+        await gateway.watch()
         return gateway
 
     yield start

@@ -24,25 +24,6 @@ StartBow = Callable[[Bow], Awaitable[Bow]]
 NEWS = {"name": "news", "payload": {"n": 1}, "audience": BLOG_42}
 
 
-@pytest.fixture
-async def serve(
-    start_bow: StartBow, http: aiohttp.ClientSession
-) -> AsyncIterator[Callable[..., Awaitable[P2Gateway]]]:
-    """``await serve(**config)``: a protocol-2 gateway (its watcher connected)."""
-    gateways: list[P2Gateway] = []
-
-    async def start(bow: Bow | None = None, **config: Any) -> P2Gateway:
-        started = await start_bow(bow or p2_bow(base_config(**config)))
-        gateway = P2Gateway(Gateway(started, http))
-        gateways.append(gateway)
-        await gateway.watch()
-        return gateway
-
-    yield start
-    for gateway in gateways:
-        await gateway.close()
-
-
 async def post(
     gateway: P2Gateway, body: Any, key: str | None, *, chunked: bool = False, path: str = PATH
 ) -> tuple[int, dict[str, str], str]:
@@ -69,9 +50,9 @@ async def author(gateway: P2Gateway) -> P2:
 
 
 async def test_a_repeat_with_the_same_body_gets_the_first_204_and_nothing_is_published_again(
-    serve: Callable[..., Awaitable[P2Gateway]],
+    serve_p2: Callable[..., Awaitable[P2Gateway]],
 ) -> None:
-    gateway = await serve()
+    gateway = await serve_p2()
     client = await author(gateway)
     first = await post(gateway, NEWS, "order-17:shipped")
     again = await post(gateway, NEWS, "order-17:shipped")
@@ -84,9 +65,9 @@ async def test_a_repeat_with_the_same_body_gets_the_first_204_and_nothing_is_pub
 
 
 async def test_a_repeat_with_another_body_is_422_naming_the_reuse(
-    serve: Callable[..., Awaitable[P2Gateway]],
+    serve_p2: Callable[..., Awaitable[P2Gateway]],
 ) -> None:
-    gateway = await serve()
+    gateway = await serve_p2()
     assert (await post(gateway, NEWS, "k-1"))[0] == 204
     status, _, text = await post(gateway, {**NEWS, "payload": {"n": 2}}, "k-1")
     assert status == 422 and "Idempotency-Key was used for a request with another body" in text
@@ -96,9 +77,9 @@ async def test_a_repeat_with_another_body_is_422_naming_the_reuse(
     "key", ["", "x" * 201, "two words", "caf\u00e9", "a/b"], ids=["empty", "201", "space", "e", "/"]
 )
 async def test_a_malformed_key_is_422_and_nothing_is_published(
-    serve: Callable[..., Awaitable[P2Gateway]], key: str
+    serve_p2: Callable[..., Awaitable[P2Gateway]], key: str
 ) -> None:
-    gateway = await serve()
+    gateway = await serve_p2()
     client = await author(gateway)
     status, _, text = await post(gateway, NEWS, key)
     assert status == 422 and "Idempotency-Key must be 1 to 200 characters" in text
@@ -106,15 +87,15 @@ async def test_a_malformed_key_is_422_and_nothing_is_published(
 
 
 async def test_the_longest_key_and_every_allowed_character_are_taken(
-    serve: Callable[..., Awaitable[P2Gateway]],
+    serve_p2: Callable[..., Awaitable[P2Gateway]],
 ) -> None:
-    gateway = await serve()
+    gateway = await serve_p2()
     key = ("AZaz09._:-" * 20)[:200]
     assert (await post(gateway, NEWS, key))[0] == 204
 
 
 async def test_a_repeat_while_the_first_is_under_way_is_409_with_retry_after(
-    serve: Callable[..., Awaitable[P2Gateway]],
+    serve_p2: Callable[..., Awaitable[P2Gateway]],
 ) -> None:
     async def slowly(body: Any) -> Any:
         await asyncio.sleep(0.5)
@@ -122,7 +103,7 @@ async def test_a_repeat_while_the_first_is_under_way_is_409_with_retry_after(
 
     bow = p2_bow(base_config())
     bow.inbound(path="/slow", create_message_from_request_body=slowly, middleware_version="v1.1")
-    gateway = await serve(bow)
+    gateway = await serve_p2(bow)
     first, second = await asyncio.gather(
         post(gateway, NEWS, "slow-1", path="/slow"), post(gateway, NEWS, "slow-1", path="/slow")
     )
@@ -133,7 +114,7 @@ async def test_a_repeat_while_the_first_is_under_way_is_409_with_retry_after(
 
 
 async def test_the_same_key_on_another_inbound_path_is_another_key(
-    serve: Callable[..., Awaitable[P2Gateway]],
+    serve_p2: Callable[..., Awaitable[P2Gateway]],
 ) -> None:
     bow = p2_bow(base_config())
     bow.inbound(
@@ -141,16 +122,16 @@ async def test_the_same_key_on_another_inbound_path_is_another_key(
         create_message_from_request_body=create_message_from_envelope,
         middleware_version="v1.1",
     )
-    gateway = await serve(bow)
+    gateway = await serve_p2(bow)
     first = await post(gateway, NEWS, "shared-key")
     other = await post(gateway, NEWS, "shared-key", path="/other")
     assert first[1]["Bow-Message-Id"] != other[1]["Bow-Message-Id"]
 
 
 async def test_after_the_window_the_key_is_free_again(
-    serve: Callable[..., Awaitable[P2Gateway]],
+    serve_p2: Callable[..., Awaitable[P2Gateway]],
 ) -> None:
-    gateway = await serve(inbound={**base_config()["inbound"], "idempotency_window": 1})
+    gateway = await serve_p2(inbound={**base_config()["inbound"], "idempotency_window": 1})
     first = await post(gateway, NEWS, "k-window")
     await asyncio.sleep(1.2)
     later = await post(gateway, NEWS, "k-window")
@@ -158,9 +139,9 @@ async def test_after_the_window_the_key_is_free_again(
 
 
 async def test_a_batch_repeat_answers_the_first_ids(
-    serve: Callable[..., Awaitable[P2Gateway]],
+    serve_p2: Callable[..., Awaitable[P2Gateway]],
 ) -> None:
-    gateway = await serve()
+    gateway = await serve_p2()
     batch = [{**NEWS, "payload": n} for n in range(3)]
     first = await post(gateway, batch, "batch-1")
     again = await post(gateway, batch, "batch-1")
@@ -169,11 +150,11 @@ async def test_a_batch_repeat_answers_the_first_ids(
 
 
 async def test_the_fast_path_and_aiohttp_s_path_share_one_key(
-    serve: Callable[..., Awaitable[P2Gateway]],
+    serve_p2: Callable[..., Awaitable[P2Gateway]],
 ) -> None:
     """The first POST is the fast path's (a plain JSON request), the repeat aiohttp's (sent
     chunked): one message, one answer."""
-    gateway = await serve()
+    gateway = await serve_p2()
     client = await author(gateway)
     first = await post(gateway, NEWS, "two-paths")
     again = await post(gateway, NEWS, "two-paths", chunked=True)
@@ -202,9 +183,9 @@ async def test_a_key_accepted_by_one_instance_is_answered_by_another(
 
 
 async def test_bow_publish_returns_the_id_and_position_and_a_repeat_returns_the_first(
-    serve: Callable[..., Awaitable[P2Gateway]],
+    serve_p2: Callable[..., Awaitable[P2Gateway]],
 ) -> None:
-    gateway = await serve()
+    gateway = await serve_p2()
     client = await author(gateway)
     message_id, position = await gateway.bow.publish(NEWS, "embedded-1")
     assert await gateway.bow.publish(NEWS, "embedded-1") == (message_id, position)
@@ -216,9 +197,9 @@ async def test_bow_publish_returns_the_id_and_position_and_a_repeat_returns_the_
 
 
 async def test_bow_publish_refuses_a_reused_key_an_invalid_message_and_a_bad_key(
-    serve: Callable[..., Awaitable[P2Gateway]],
+    serve_p2: Callable[..., Awaitable[P2Gateway]],
 ) -> None:
-    gateway = await serve()
+    gateway = await serve_p2()
     await gateway.bow.publish(NEWS, "embedded-2")
     with pytest.raises(ValueError, match="another body"):
         await gateway.bow.publish({**NEWS, "payload": 2}, "embedded-2")

@@ -11,39 +11,13 @@ import gc
 import itertools
 import time
 import tracemalloc
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
-import pytest
-
-from bow_gateway import Bow
-
-from .support import Gateway, base_config, connect_error, token
-from .support.protocol2 import AUTHOR, BLOG_7, BLOG_42, P2, P2Gateway, p2_bow
+from .support import connect_error, token
+from .support.protocol2 import AUTHOR, BLOG_7, BLOG_42, P2, P2Gateway
 
 Serve = Callable[..., Awaitable[P2Gateway]]
-
-
-@pytest.fixture
-async def serve(
-    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
-) -> AsyncIterator[Serve]:
-    """``gateway = await serve(**config)``: :func:`p2_bow` with ``config`` overriding top-level
-    sections, its watcher connected; or ``serve(bow=some_bow)``. Its clients are closed before
-    it stops."""
-    gateways: list[P2Gateway] = []
-
-    async def start(bow: Bow | None = None, **config: Any) -> P2Gateway:
-        started = await start_bow(bow or p2_bow(base_config(**config)))
-        gateway = P2Gateway(Gateway(started, http))
-        gateways.append(gateway)
-        await gateway.watch()
-        return gateway
-
-    yield start
-    for gateway in gateways:
-        await gateway.close()
 
 
 async def live_position(gateway: P2Gateway, client: P2) -> str:
@@ -67,24 +41,24 @@ async def missed(gateway: P2Gateway, names: list[tuple[str, list[dict[str, Any]]
 
 
 async def test_a_protocol_2_event_is_payload_and_meta_whose_position_is_the_204s_bow_position(
-    serve: Serve,
+    serve_p2: Serve,
 ) -> None:
-    gateway = await serve()
+    gateway = await serve_p2()
     client, _ = await gateway.listener(token("USER/1", AUTHOR))
     payload = {"title": "é", "list": [1, None, True]}
     position = await gateway.push({"name": "NEW_ARTICLE", "payload": payload, "audience": BLOG_42})
     assert await client.expect("NEW_ARTICLE") == (payload, {"position": position})
 
 
-async def test_a_protocol_2_event_without_payload_has_null_then_meta(serve: Serve) -> None:
-    gateway = await serve()
+async def test_a_protocol_2_event_without_payload_has_null_then_meta(serve_p2: Serve) -> None:
+    gateway = await serve_p2()
     client, _ = await gateway.listener(token("USER/1", AUTHOR))
     position = await gateway.push({"name": "bare", "audience": BLOG_42})
     assert await client.expect("bare") == (None, {"position": position})
 
 
-async def test_positions_of_successive_messages_differ(serve: Serve) -> None:
-    gateway = await serve()
+async def test_positions_of_successive_messages_differ(serve_p2: Serve) -> None:
+    gateway = await serve_p2()
     client, _ = await gateway.listener(token("USER/1", AUTHOR))
     positions = [await gateway.push({"name": "m", "audience": BLOG_42}) for _ in range(3)]
     received = [(await client.expect("m"))[1]["position"] for _ in range(3)]
@@ -92,8 +66,8 @@ async def test_positions_of_successive_messages_differ(serve: Serve) -> None:
     assert len(set(positions)) == 3
 
 
-async def test_protocol_1_and_no_protocol_events_keep_one_argument(serve: Serve) -> None:
-    gateway = await serve()
+async def test_protocol_1_and_no_protocol_events_keep_one_argument(serve_p2: Serve) -> None:
+    gateway = await serve_p2()
     explicit, ack_1 = await gateway.listener(token("USER/1", AUTHOR), proto="1")
     implicit, ack_none = await gateway.listener(token("USER/2", AUTHOR), proto=None)
     assert ack_1 is None and ack_none is None  # Bow's empty acknowledgement
@@ -104,8 +78,8 @@ async def test_protocol_1_and_no_protocol_events_keep_one_argument(serve: Serve)
         assert await client.expect("bare") == ()
 
 
-async def test_protocol_3_is_refused_with_connect_error_4022(serve: Serve) -> None:
-    gateway = await serve()
+async def test_protocol_3_is_refused_with_connect_error_4022(serve_p2: Serve) -> None:
+    gateway = await serve_p2()
     data = await connect_error(gateway.url + "?v=v1.3&proto=3")
     assert data["data"] == {"code": 4022, "reason": "bad_protocol", "reconnect": "never"}
 
@@ -114,9 +88,9 @@ async def test_protocol_3_is_refused_with_connect_error_4022(serve: Serve) -> No
 
 
 async def test_without_since_the_ack_has_null_recovery_fields_and_a_string_position(
-    serve: Serve,
+    serve_p2: Serve,
 ) -> None:
-    gateway = await serve()
+    gateway = await serve_p2()
     await gateway.push({"name": "before", "audience": BLOG_7})
     await gateway.settle()
     _, ack = await gateway.listener(token("USER/1", AUTHOR))
@@ -126,8 +100,8 @@ async def test_without_since_the_ack_has_null_recovery_fields_and_a_string_posit
     assert isinstance(ack["position"], str) and ack["position"]
 
 
-async def test_with_empty_options_the_ack_is_the_same_as_without(serve: Serve) -> None:
-    gateway = await serve()
+async def test_with_empty_options_the_ack_is_the_same_as_without(serve_p2: Serve) -> None:
+    gateway = await serve_p2()
     _, ack = await gateway.listener(token("USER/1", AUTHOR), {})
     assert ack["id"] == "USER/1" and isinstance(ack["position"], str)
     assert (ack["recovered"], ack["reason"], ack["criteria_changed"]) == (None, None, None)
@@ -137,9 +111,9 @@ async def test_with_empty_options_the_ack_is_the_same_as_without(serve: Serve) -
 
 
 async def test_recovery_replays_exactly_the_matching_missed_messages_in_order_then_live(
-    serve: Serve,
+    serve_p2: Serve,
 ) -> None:
-    gateway = await serve()
+    gateway = await serve_p2()
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
     since = await live_position(gateway, first)
     await first.close()
@@ -159,9 +133,9 @@ async def test_recovery_replays_exactly_the_matching_missed_messages_in_order_th
 
 
 async def test_messages_pushed_during_a_recovery_arrive_after_the_replay_once_each(
-    serve: Serve,
+    serve_p2: Serve,
 ) -> None:
-    gateway = await serve()
+    gateway = await serve_p2()
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
     since = await live_position(gateway, first)
     await first.close()
@@ -188,8 +162,8 @@ async def test_messages_pushed_during_a_recovery_arrive_after_the_replay_once_ea
     assert sorted(news) == sorted(f"new-{i}" for i in range(20)) and len(news) == 20
 
 
-async def test_over_max_replay_nothing_is_replayed_too_many(serve: Serve) -> None:
-    gateway = await serve(recovery={"max_replay": 3})
+async def test_over_max_replay_nothing_is_replayed_too_many(serve_p2: Serve) -> None:
+    gateway = await serve_p2(recovery={"max_replay": 3})
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
     since = await live_position(gateway, first)
     await first.close()
@@ -199,8 +173,8 @@ async def test_over_max_replay_nothing_is_replayed_too_many(serve: Serve) -> Non
     await gateway.sentinel(BLOG_42, again)  # the next event: nothing was replayed
 
 
-async def test_exactly_max_replay_is_replayed(serve: Serve) -> None:
-    gateway = await serve(recovery={"max_replay": 3})
+async def test_exactly_max_replay_is_replayed(serve_p2: Serve) -> None:
+    gateway = await serve_p2(recovery={"max_replay": 3})
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
     since = await live_position(gateway, first)
     await first.close()
@@ -211,8 +185,8 @@ async def test_exactly_max_replay_is_replayed(serve: Serve) -> None:
         assert (await again.expect(f"m{i}"))[1]["replayed"] is True
 
 
-async def test_a_message_after_since_left_the_window_gives_too_old(serve: Serve) -> None:
-    gateway = await serve(recovery={"max_count": 5})
+async def test_a_message_after_since_left_the_window_gives_too_old(serve_p2: Serve) -> None:
+    gateway = await serve_p2(recovery={"max_count": 5})
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
     since = await live_position(gateway, first)
     await first.close()
@@ -222,8 +196,8 @@ async def test_a_message_after_since_left_the_window_gives_too_old(serve: Serve)
     await gateway.sentinel(BLOG_42, again)
 
 
-async def test_a_message_older_than_max_age_gives_too_old(serve: Serve) -> None:
-    gateway = await serve(recovery={"max_age": 0.5})
+async def test_a_message_older_than_max_age_gives_too_old(serve_p2: Serve) -> None:
+    gateway = await serve_p2(recovery={"max_age": 0.5})
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
     since = await live_position(gateway, first)
     await first.close()
@@ -234,8 +208,8 @@ async def test_a_message_older_than_max_age_gives_too_old(serve: Serve) -> None:
     await gateway.sentinel(BLOG_42, again)
 
 
-async def test_a_garbage_since_gives_unknown_position(serve: Serve) -> None:
-    gateway = await serve()
+async def test_a_garbage_since_gives_unknown_position(serve_p2: Serve) -> None:
+    gateway = await serve_p2()
     client, ack = await gateway.listener(token("USER/1", AUTHOR), {"since": "not a position!"})
     assert (ack["recovered"], ack["reason"]) == (False, "unknown_position")
     assert isinstance(ack["position"], str)
@@ -243,8 +217,8 @@ async def test_a_garbage_since_gives_unknown_position(serve: Serve) -> None:
     await gateway.sentinel(BLOG_42, client)
 
 
-async def test_a_since_from_the_future_gives_unknown_position(serve: Serve) -> None:
-    gateway = await serve()
+async def test_a_since_from_the_future_gives_unknown_position(serve_p2: Serve) -> None:
+    gateway = await serve_p2()
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
     since = await live_position(gateway, first)
     epoch, _, number = since.rpartition(".")  # the memory backplane's form, to forge a future
@@ -254,14 +228,14 @@ async def test_a_since_from_the_future_gives_unknown_position(serve: Serve) -> N
 
 
 async def test_a_since_from_a_previous_gateway_process_gives_epoch_changed(
-    serve: Serve,
+    serve_p2: Serve,
 ) -> None:
-    old = await serve()
+    old = await serve_p2()
     first, _ = await old.listener(token("USER/1", AUTHOR))
     since = await live_position(old, first)
     await old.close()
     await old.bow.stop()  # the process ends; its in-process history with it
-    new = await serve()
+    new = await serve_p2()
     await new.push({"name": "m", "audience": BLOG_42})
     await new.settle()
     again, ack = await new.listener(token("USER/1", AUTHOR), {"since": since})
@@ -270,9 +244,9 @@ async def test_a_since_from_a_previous_gateway_process_gives_epoch_changed(
 
 
 async def test_recovery_filters_with_the_new_criteria_and_says_criteria_changed(
-    serve: Serve,
+    serve_p2: Serve,
 ) -> None:
-    gateway = await serve()
+    gateway = await serve_p2()
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
     since = await live_position(gateway, first)
     await first.close()
@@ -285,9 +259,9 @@ async def test_recovery_filters_with_the_new_criteria_and_says_criteria_changed(
 
 
 async def test_an_invalid_token_with_a_valid_since_is_refused_and_replays_nothing(
-    serve: Serve,
+    serve_p2: Serve,
 ) -> None:
-    gateway = await serve()
+    gateway = await serve_p2()
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
     since = await live_position(gateway, first)
     await first.close()
@@ -302,8 +276,8 @@ async def test_an_invalid_token_with_a_valid_since_is_refused_and_replays_nothin
     assert acks == []
 
 
-async def test_a_quiet_socket_gets_position_and_recovers_from_it(serve: Serve) -> None:
-    gateway = await serve(recovery={"position_interval": 0.4})
+async def test_a_quiet_socket_gets_position_and_recovers_from_it(serve_p2: Serve) -> None:
+    gateway = await serve_p2(recovery={"position_interval": 0.4})
     quiet, _ = await gateway.listener(token("USER/1", AUTHOR))
     elsewhere = await gateway.push({"name": "elsewhere", "audience": BLOG_7})
     deadline = time.monotonic() + 3
@@ -321,8 +295,8 @@ async def test_a_quiet_socket_gets_position_and_recovers_from_it(serve: Serve) -
     await gateway.sentinel(BLOG_42, again)
 
 
-async def test_a_socket_sent_messages_gets_no_position_event(serve: Serve) -> None:
-    gateway = await serve(recovery={"position_interval": 0.6})
+async def test_a_socket_sent_messages_gets_no_position_event(serve_p2: Serve) -> None:
+    gateway = await serve_p2(recovery={"position_interval": 0.6})
     busy, _ = await gateway.listener(token("USER/1", AUTHOR))
     for _ in range(6):  # one every 0.2 s: never quiet for 0.6 s
         await gateway.sentinel(BLOG_42, busy)
@@ -331,9 +305,9 @@ async def test_a_socket_sent_messages_gets_no_position_event(serve: Serve) -> No
 
 
 async def test_a_204s_bow_position_recovers_every_matching_message_after_it(
-    serve: Serve,
+    serve_p2: Serve,
 ) -> None:
-    gateway = await serve()
+    gateway = await serve_p2()
     stored = await gateway.push({"name": "saved", "audience": BLOG_42})  # the backend keeps it
     positions = await missed(gateway, [("a", BLOG_42), ("x", BLOG_7), ("b", BLOG_42)])
     client, ack = await gateway.listener(token("USER/1", AUTHOR), {"since": stored})
@@ -343,8 +317,8 @@ async def test_a_204s_bow_position_recovers_every_matching_message_after_it(
     await gateway.sentinel(BLOG_42, client)
 
 
-async def test_disconnect_messages_are_never_replayed(serve: Serve) -> None:
-    gateway = await serve()
+async def test_disconnect_messages_are_never_replayed(serve_p2: Serve) -> None:
+    gateway = await serve_p2()
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
     since = await live_position(gateway, first)
     await first.close()
@@ -356,8 +330,8 @@ async def test_disconnect_messages_are_never_replayed(serve: Serve) -> None:
     assert again.client.connected
 
 
-async def test_recovery_disabled_gives_disabled(serve: Serve) -> None:
-    gateway = await serve(recovery={"enabled": False})
+async def test_recovery_disabled_gives_disabled(serve_p2: Serve) -> None:
+    gateway = await serve_p2(recovery={"enabled": False})
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
     since = await live_position(gateway, first)
     await first.close()
@@ -367,8 +341,8 @@ async def test_recovery_disabled_gives_disabled(serve: Serve) -> None:
     await gateway.sentinel(BLOG_42, again)
 
 
-async def test_bow_position_header_is_there_without_recovery(serve: Serve) -> None:
-    gateway = await serve(recovery={"enabled": False})
+async def test_bow_position_header_is_there_without_recovery(serve_p2: Serve) -> None:
+    gateway = await serve_p2(recovery={"enabled": False})
     client, _ = await gateway.listener(token("USER/1", AUTHOR))
     position = await gateway.push({"name": "m", "audience": BLOG_42})
     assert await client.expect("m") == (None, {"position": position})
@@ -377,8 +351,8 @@ async def test_bow_position_header_is_there_without_recovery(serve: Serve) -> No
 # -- issue 27: a recovery's cost is bounded, positions cannot be forged ---------------------
 
 
-async def test_the_window_is_bounded_in_bytes_recovery_max_bytes(serve: Serve) -> None:
-    gateway = await serve(recovery={"max_bytes": 100_000})
+async def test_the_window_is_bounded_in_bytes_recovery_max_bytes(serve_p2: Serve) -> None:
+    gateway = await serve_p2(recovery={"max_bytes": 100_000})
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
     since = await live_position(gateway, first)
     await first.close()
@@ -400,9 +374,9 @@ async def test_the_window_is_bounded_in_bytes_recovery_max_bytes(serve: Serve) -
 
 
 async def test_over_max_scan_entries_a_recovery_is_too_many_however_few_match(
-    serve: Serve,
+    serve_p2: Serve,
 ) -> None:
-    gateway = await serve(recovery={"max_scan": 10})
+    gateway = await serve_p2(recovery={"max_scan": 10})
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
     since = await live_position(gateway, first)
     await first.close()
@@ -412,8 +386,8 @@ async def test_over_max_scan_entries_a_recovery_is_too_many_however_few_match(
     await gateway.sentinel(BLOG_42, again)
 
 
-async def test_a_position_forged_from_another_is_unknown(serve: Serve) -> None:
-    gateway = await serve()
+async def test_a_position_forged_from_another_is_unknown(serve_p2: Serve) -> None:
+    gateway = await serve_p2()
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
     seen = await live_position(gateway, first)
     await first.close()
@@ -431,14 +405,14 @@ async def test_a_position_forged_from_another_is_unknown(serve: Serve) -> None:
 
 
 async def test_a_long_recovery_lets_live_delivery_go_on_and_ends_where_live_begins(
-    serve: Serve,
+    serve_p2: Serve,
 ) -> None:
     """A recovery over a window of big messages takes turns with the event loop: a listener
     pushed to every 20 ms meanwhile never waits 250 ms, and the recovering socket still gets its
     replay, then what was delivered during it, each once, in order. Regression: what the
     recovery decoded (1,600 messages of 2,000 objects) was let go all at once after it, a 200-ms
     stall; now a few milliseconds at a time."""
-    gateway = await serve(recovery={"max_bytes": 64 << 20})  # 1,600 of 32 KB: 52 MB
+    gateway = await serve_p2(recovery={"max_bytes": 64 << 20})  # 1,600 of 32 KB: 52 MB
     honest, _ = await gateway.listener(token("HONEST", {"blogId": 1}))
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
     since = await live_position(gateway, first)
@@ -494,13 +468,13 @@ def held_by_the_gateway(before: tracemalloc.Snapshot) -> int:
     return sum(stat.size_diff for stat in after.compare_to(before, "filename"))
 
 
-async def test_what_the_window_holds_stays_under_recovery_max_bytes(serve: Serve) -> None:
+async def test_what_the_window_holds_stays_under_recovery_max_bytes(serve_p2: Serve) -> None:
     """Measured with tracemalloc: a window of 100-KB messages holds no more than
     ``recovery.max_bytes`` (each event held at its size: orjson's output kept the 1-MiB buffer
     it was written into, ten times that), and once a recovery replayed some of them, what it
     decoded (the messages, their packets) is let go."""
     bound = 2_000_000
-    gateway = await serve(recovery={"max_bytes": bound})
+    gateway = await serve_p2(recovery={"max_bytes": bound})
     first, _ = await gateway.listener(token("USER/1", AUTHOR))
     await live_position(gateway, first)
     await first.close()

@@ -285,6 +285,11 @@ class CountEvent:
     audience: list[Query]
 
 
+def id_text(listener_id: ListenerId) -> str:
+    """A listener id's JSON text: what presence orders ids by, and what its cursors name."""
+    return dumps(listener_id).decode()
+
+
 @dataclass(frozen=True, slots=True)
 class PresenceEvent:
     """``POST /_bow/presence`` (``audience``: the listeners matching it, ``limit`` of them after

@@ -62,7 +62,7 @@ class EmbeddedPublish:
             check_size(checked, "", self._max_event_bytes)
             checked_key(idempotency_key)
         except web.HTTPException as error:
-            raise ValueError((error.text or error.reason).removeprefix("422: ")) from None
+            raise _refused(error) from None
         ids = new_ids(1)
         if idempotency_key is None:
             positions = await self._publish(message_events(version, [checked], ids), None)
@@ -88,7 +88,7 @@ class EmbeddedPublish:
             try:
                 first = repeated(taken, claim)
             except web.HTTPException as error:
-                raise ValueError((error.text or "").removeprefix("422: ")) from None
+                raise _refused(error) from None
             return first.ids[0], first.position
 
     def _version(self, asked: str | None) -> str:
@@ -100,3 +100,8 @@ class EmbeddedPublish:
             known = ", ".join(self._versions)
             raise ValueError(f"unknown middleware_version {asked!r}: this gateway has {known}")
         return asked
+
+
+def _refused(error: web.HTTPException) -> ValueError:
+    """An inbound's ``422`` as ``Bow.publish`` raises it."""
+    return ValueError((error.text or error.reason).removeprefix("422: "))

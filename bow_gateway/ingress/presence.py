@@ -15,7 +15,7 @@ import orjson
 
 from ..core.criteria import ListenerId, is_listener_id
 from ..core.index import Query
-from ..core.message import validate_message
+from ..core.message import id_text, validate_message
 
 logger = logging.getLogger("bow_gateway.control")
 
@@ -76,9 +76,7 @@ def merged_presence(answers: Iterable[bytes], complete: bool, limit: int) -> dic
     for data in answers:
         try:
             answer = orjson.loads(data)
-            found = {
-                orjson.dumps(listener_id).decode(): listener_id for listener_id in answer["ids"]
-            }
+            found = {id_text(listener_id): listener_id for listener_id in answer["ids"]}
             count, kinds, truncated = answer["sockets"], answer["protocols"], answer["more"]
             if type(count) is not int or not isinstance(kinds, dict):
                 raise TypeError("not {ids, more, sockets: int, protocols: {}}")
@@ -108,16 +106,9 @@ def merged_online(
     held: set[str] = set()
     for data in answers:
         try:
-            held.update(
-                orjson.dumps(listener_id).decode() for listener_id in orjson.loads(data)["online"]
-            )
+            held.update(id_text(listener_id) for listener_id in orjson.loads(data)["online"])
         except (ValueError, KeyError, TypeError) as error:
             logger.warning("an instance's online answer is unreadable: %s", error)
             complete = False
-    online = [listener_id for listener_id in asked if _key(listener_id) in held]
+    online = [listener_id for listener_id in asked if id_text(listener_id) in held]
     return {"online": online, "complete": complete}
-
-
-def _key(listener_id: ListenerId) -> str:
-    """An id's JSON text: what presence orders ids by, and its cursors name."""
-    return orjson.dumps(listener_id).decode()

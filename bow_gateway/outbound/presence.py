@@ -10,7 +10,7 @@ from typing import Any
 
 from ..core.criteria import ListenerId
 from ..core.index import CriteriaIndex
-from ..core.message import PresenceEvent, dumps
+from ..core.message import PresenceEvent, dumps, id_text
 from .connection import Connection
 
 
@@ -35,7 +35,7 @@ def presence_answer(indices: Mapping[str, CriteriaIndex[Connection]], ask: Prese
                 continue  # anonymous: no listener
             sockets += 1
             protocols[connection.codec.protocol] += 1
-            ids[_key(listener_id)] = listener_id
+            ids[id_text(listener_id)] = listener_id
     after = ask.after
     page = sorted(key for key in ids if after is None or key > after)
     answer: dict[str, Any] = {
@@ -45,8 +45,3 @@ def presence_answer(indices: Mapping[str, CriteriaIndex[Connection]], ask: Prese
         "protocols": dict(protocols),
     }
     return dumps(answer)
-
-
-def _key(listener_id: ListenerId) -> str:
-    """An id's JSON text: what presence orders ids by, and its cursors name."""
-    return dumps(listener_id).decode()
