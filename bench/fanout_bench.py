@@ -17,6 +17,9 @@ its frames. ``--protocol`` picks other clients, as lean, for the same gateway an
 /events?v=v1.3`` over raw HTTP/1.1 with ``Authorization: Bearer <JWT>``, then the chunked
 ``text/event-stream``, one event a chunk); ``--protocol socketio,flywheel,sse --rounds 3`` runs
 them interleaved and prints each one's CPU per delivery against Socket.IO's, round by round.
+``--receipt 0,60`` runs each of them twice a round, without and with ``Bow-Receipt: 60`` on every
+POST (section 17 of the feedback contract): a protocol-2 client then answers each event that
+carries an acknowledgement id with ``43<id>[]`` (its guard's 20 packets a second raised for it).
 Listener i has the criteria ``{"all": true, "g10": i % 10 == 0, "role": ...}`` as in
 ``delivery_bench.py``. Then these phases, POSTed to the inbound over keep-alive connections:
 
@@ -99,6 +102,7 @@ def run_size(
                 variant.proto,
                 variant.protocol,
                 spy_prefix(args.py_spy, n, variant, round_),
+                variant.receipt,
             )
         )
     finally:
@@ -112,6 +116,44 @@ def run_size(
         print_results(n, results)
         check_target(n, results)
     return connected, results
+
+
+def add_variant_options(parser: argparse.ArgumentParser) -> None:
+    """Which gateways and clients run (``lib/variants.py``'s variants)."""
+    parser.add_argument(
+        "--proto",
+        default="1",
+        help="Socket.IO protocols of the clients of this checkout's gateway, e.g. 1,2 to "
+        "compare them",
+    )
+    parser.add_argument(
+        "--protocol",
+        default="socketio",
+        help="wire protocols of the clients of this checkout's gateway, comma-separated among "
+        + ", ".join(PROTOCOLS)
+        + " (socketio: in each --proto)",
+    )
+    parser.add_argument(
+        "--gateway",
+        help="the gateway whose clients speak --proto: another checkout's (e.g. /tmp/bow-HEAD "
+        "from `git archive`) rather than this working tree's",
+    )
+    parser.add_argument(
+        "--source",
+        action="append",
+        help="also run another checkout's gateway (Socket.IO in --source-proto), e.g. "
+        "/tmp/bow-5bc2fea from `git archive`; repeatable",
+    )
+    parser.add_argument(
+        "--source-proto", default="1", help="Socket.IO protocols of the --source gateways' clients"
+    )
+    parser.add_argument(
+        "--receipt",
+        default="0",
+        help="comma-separated modes of this checkout's (or --gateway's) clients, run as variants "
+        "in turn: S (1-3600) POSTs with `Bow-Receipt: S`, each event asking for an ACK answered "
+        "by every socket; 0 without (e.g. 0,60 compares them)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,33 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--client-cpu", type=int, default=1)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--proto",
-        default="1",
-        help="Socket.IO protocols of the clients of this checkout's gateway, e.g. 1,2 to "
-        "compare them",
-    )
-    parser.add_argument(
-        "--protocol",
-        default="socketio",
-        help="wire protocols of the clients of this checkout's gateway, comma-separated among "
-        + ", ".join(PROTOCOLS)
-        + " (socketio: in each --proto)",
-    )
-    parser.add_argument(
-        "--gateway",
-        help="the gateway whose clients speak --proto: another checkout's (e.g. /tmp/bow-HEAD "
-        "from `git archive`) rather than this working tree's",
-    )
-    parser.add_argument(
-        "--source",
-        action="append",
-        help="also run another checkout's gateway (Socket.IO in --source-proto), e.g. "
-        "/tmp/bow-5bc2fea from `git archive`; repeatable",
-    )
-    parser.add_argument(
-        "--source-proto", default="1", help="Socket.IO protocols of the --source gateways' clients"
-    )
+    add_variant_options(parser)
     parser.add_argument(
         "--phases",
         default="",

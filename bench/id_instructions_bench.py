@@ -4,6 +4,7 @@ another process's load does not move.
 
 Run:  .venv/bin/python bench/id_instructions_bench.py [--listeners 200] [--messages 4000]
       .venv/bin/python bench/id_instructions_bench.py --gateway /tmp/bow-BASE --gateway /tmp/bow-NEW
+      .venv/bin/python bench/id_instructions_bench.py --keyed   # each POST with an Idempotency-Key
 
 A plain script, not a test. For each ``--gateway`` (default: this checkout) it starts the
 harness's own ``server_gw.py`` (``../shared/bench/bow-compare/``: the public API only, Basic
@@ -110,9 +111,10 @@ async def push(
     count: int,
     size: int,
     window: int,
+    keyed: bool = False,
 ) -> None:
-    """POST messages ``first`` .. ``first + count - 1``, ``window`` in flight; back once every
-    one of them is delivered."""
+    """POST messages ``first`` .. ``first + count - 1``, ``window`` in flight (``keyed``: each
+    with an ``Idempotency-Key`` of its own); back once every one of them is delivered."""
     url = f"http://127.0.0.1:{port}/v1/messages"
     headers = {"Authorization": AUTHORIZATION, "Content-Type": "application/json"}
     queue = iter(range(first, first + count))
@@ -121,7 +123,8 @@ async def push(
     async def poster() -> None:
         for k in queue:
             body = {"name": "msg", "seq": k, "audience": [{"__id": f"user-{k % size}"}]}
-            async with session.post(url, data=json.dumps(body), headers=headers) as response:
+            sent = {**headers, "Idempotency-Key": f"k-{k}"} if keyed else headers
+            async with session.post(url, data=json.dumps(body), headers=sent) as response:
                 await response.read()
                 if response.status != 204:
                     raise SystemExit(f"POST refused: {response.status}")
@@ -143,17 +146,12 @@ async def measure(source: str | None, args: argparse.Namespace, redis: RedisServ
             async with aiohttp.ClientSession(connector=connector) as session:
                 listeners = Listeners()
                 await listeners.connect(session, port, args.listeners)
-                await push(session, port, listeners, 0, args.warmup, args.listeners, args.window)
+                size, window, keyed = args.listeners, args.window, args.keyed
+                await push(session, port, listeners, 0, args.warmup, size, window, keyed)
                 if not profiling:
                     control(process.pid, "-i", "on")
                 await push(
-                    session,
-                    port,
-                    listeners,
-                    args.warmup,
-                    args.messages,
-                    args.listeners,
-                    args.window,
+                    session, port, listeners, args.warmup, args.messages, size, window, keyed
                 )
                 if not profiling:
                     control(process.pid, "-i", "off")
@@ -179,6 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1_000)
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--keyed", action="store_true", help="every POST with an Idempotency-Key of its own"
+    )
     parser.add_argument("--harness", type=Path, default=HARNESS)
     parser.add_argument(
         "--cprofile", help="instead of callgrind: run natively under cProfile, stats written here"

@@ -22,6 +22,7 @@ from bow_gateway.backplanes import (
     Entry,
     Gap,
     MemoryBackplane,
+    Report,
     Retention,
 )
 from bow_gateway.backplanes.redis import RedisBackplane
@@ -783,3 +784,36 @@ async def test_claimed_publishes_written_together_each_append_once(backend: Back
     assert await take(backplane, 5) == [b"first", b"b1", b"b2", b"plain", b'{"q":1,"n":3}']
     with pytest.raises(AlreadyAccepted):
         await backplane.publish_many([b"b1"], claim("k1"))
+
+
+# -- receipts (feedback.md section 17) ---------------------------------------------------------
+
+
+async def test_an_instances_report_replaces_its_last_and_is_read_back(backend: Backend) -> None:
+    backplane = await backend.connected()
+    until = time.time() + 60
+    await backplane.report([Report("m1", b'{"d":1}', until), Report("m2", b'{"d":7}', until)])
+    await backplane.report([Report("m1", b'{"d":2}', until)])
+    reports, live = await backplane.reports("m1")
+    assert list(reports.values()) == [b'{"d":2}']
+    assert set(reports) <= live  # the reporting instance is live
+    assert (await backplane.reports("m2"))[0] != {}
+    assert (await backplane.reports("unknown"))[0] == {}
+
+
+async def test_a_report_is_gone_after_its_until(backend: Backend) -> None:
+    backplane = await backend.connected()
+    await backplane.report([Report("short", b"{}", time.time() + 0.3)])
+    assert (await backplane.reports("short"))[0] != {}
+    await asyncio.sleep(0.5)
+    assert (await backplane.reports("short"))[0] == {}
+
+
+async def test_every_instance_reports_apart(shared_backend: Backend) -> None:
+    first, second = await shared_backend.connected(), await shared_backend.connected()
+    until = time.time() + 60
+    await first.report([Report("both", b'{"i":1}', until)])
+    await second.report([Report("both", b'{"i":2}', until)])
+    reports, live = await first.reports("both")
+    assert sorted(reports.values()) == [b'{"i":1}', b'{"i":2}']
+    assert set(reports) <= live

@@ -36,7 +36,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"runtime": ("bow_gateway.runtime",)},
     {"backplanes": ("bow_gateway.backplanes",)},
     {"wire": ("bow_gateway.wire",)},
-    {"seams": ("bow_gateway.seams",)},
+    {"seams": ("bow_gateway.seams",), "webhooks": ("bow_gateway.webhooks",)},
     {
         "ingress": ("bow_gateway.ingress",),
         "outbound": ("bow_gateway.outbound",),

@@ -14,7 +14,8 @@ stdin (so it never outlives the benchmark). SIGUSR1 starts cProfile, SIGUSR2 sto
 the stats to the file given with ``--profile``. For ``history_bench.py``: ``--history JSON`` (the
 ``[[history]]`` rules, as ``BOW_HISTORY`` takes them) and ``--envelope`` (the inbound takes
 ``{"name", "payload", "audience"}`` or a JSON list of them, a batch, instead of the pass-through
-body).
+body). ``--incoming-rate N``: a Socket.IO client may send N packets a second, not the guard's 20
+(``fanout_bench.py --receipt``: every socket acknowledges every message).
 
 It also takes commands, one a line, on its stdin, and answers each with one JSON line on stdout:
 ``gc`` (the cyclic garbage collector's collections per generation since the last ``gc``: count,
@@ -361,7 +362,17 @@ def main() -> None:
     parser.add_argument(
         "--envelope", action="store_true", help="the inbound takes envelopes, or lists of them"
     )
+    parser.add_argument(
+        "--incoming-rate",
+        type=float,
+        help="packets a second a Socket.IO client may send (the guard's 20: fewer than the "
+        "acknowledgements of receipts at saturation)",
+    )
     args = parser.parse_args()
+    if args.incoming_rate:
+        from bow_gateway.seams import transport
+
+        vars(transport)["INCOMING_RATE"] = args.incoming_rate  # read at each new socket
     raise_open_files_limit()
     logging.basicConfig(level=logging.WARNING, format="gateway: %(levelname)s %(message)s")
     if os.environ.get("BENCH_UVLOOP"):

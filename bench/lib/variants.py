@@ -14,6 +14,10 @@ from lib.gateways import Gateways
 from lib.lean.books import EVENT
 from lib.private_redis import RedisServer
 
+RECEIPT_INCOMING_RATE = 1_000_000
+"""Packets a second a client may send to a gateway whose clients acknowledge receipts (its own
+guard allows 20, fewer than the messages a socket receives at saturation)."""
+
 
 def package_layout(source: Path, into: Path) -> Path:
     """A directory for ``PYTHONPATH`` where ``bow_gateway`` is ``source``'s, with its bundled
@@ -36,10 +40,12 @@ class Variant:
     source: str | None = None  # a PYTHONPATH directory laid out by package_layout
     label: str = ""  # the commit or directory of ``source``
     protocol: str = "socketio"  # or flywheel, sse (then ``proto`` means nothing)
+    receipt: int = 0  # seconds: every message asks for a receipt (``Bow-Receipt``); 0: none
 
     @property
     def name(self) -> str:
-        return f"{self.label or 'this'}, {self.clients}"
+        receipt = f", receipt {self.receipt} s" if self.receipt else ""
+        return f"{self.label or 'this'}, {self.clients}{receipt}"
 
     @property
     def clients(self) -> str:
@@ -48,17 +54,20 @@ class Variant:
 
 def variants(args: argparse.Namespace, workdir: str) -> list[Variant]:
     """``--protocol`` (Socket.IO in each ``--proto``) on this checkout's (or ``--gateway``'s)
-    gateway, then Socket.IO in each ``--source-proto`` on each ``--source``'s."""
+    gateway, each in every mode of ``--receipt`` (if any; 0: no ``Bow-Receipt``), then
+    Socket.IO in each ``--source-proto`` on each ``--source``'s (never asked for receipts)."""
     main, label = None, ""
     if args.gateway:  # a snapshot rather than the working tree, which others may be editing
         main = str(package_layout(Path(args.gateway), Path(workdir) / "gateway"))
         label = source_label(args.gateway)
+    receipts = [int(r) for r in str(getattr(args, "receipt", "0")).split(",") if r]
     found = []
     for protocol in args.protocol:
         if protocol == "socketio":
-            found += [Variant(int(p), main, label) for p in args.proto.split(",") if p]
+            protos = [int(p) for p in args.proto.split(",") if p]
+            found += [Variant(p, main, label, receipt=r) for p in protos for r in receipts]
         else:
-            found.append(Variant(2, main, label, protocol))
+            found += [Variant(2, main, label, protocol, r) for r in receipts]
     for k, source in enumerate(args.source or []):
         path = package_layout(Path(source), Path(workdir) / f"source{k}")
         for p in args.source_proto.split(","):
@@ -89,6 +98,8 @@ def start_variant(
     if variant.source:
         env["PYTHONPATH"] = variant.source
     line = gateways.command("--namespace", namespace)
+    if variant.receipt:  # every listener acknowledges every message: past the flood guard
+        line += ["--incoming-rate", str(RECEIPT_INCOMING_RATE)]
     if redis is not None:
         line += ["--redis", redis.url]
     line += extra

@@ -15,6 +15,7 @@ from ..core.retention import Retentions
 from ..ingress.publisher import Publisher
 from ..outbound import Settings, SocketOutbound
 from ..outbound.publishing import ClientPublish
+from ..outbound.receipts import Receipts
 from ..outbound.topic_replay import TopicHistory
 from ..runtime.config import Config
 from ..runtime.metrics import Metrics
@@ -81,6 +82,9 @@ def outbound_from(
         transports=config.transports,
         cors_origins=config.cors_origins,
         metrics=metrics,
+        receipts=Receipts(
+            backplane.report, max_ids=config.receipts_max_ids, ttl=config.receipts_ttl
+        ),
         topic_history=(
             TopicHistory(
                 backplane.topic_bounds,

@@ -16,11 +16,13 @@ from ..ingress.http_fast_path import FastRoute
 from ..ingress.inbound import Enrich, Handler, health_handler, message_handler
 from ..ingress.inbound_auth import BasicAuth
 from ..ingress.publisher import Publisher
+from ..ingress.webhooks_control import add_webhook_routes
 from ..outbound import SocketOutbound
 from ..outbound.protocols import registered
 from ..runtime.config import Config
 from ..runtime.http_server import HandshakeLimits, handshake_limits
 from ..runtime.metrics import Metrics
+from ..webhooks import Webhooks
 
 HEALTH_PATH: Final = "/health"
 SOCKETIO_PATH: Final = "/socket.io/"
@@ -39,6 +41,7 @@ def build_app(
     enrich: Enrich | None,
     health_check: HealthCheck | None,
     serving: Callable[[], bool],
+    webhooks: Webhooks | None = None,
 ) -> tuple[web.Application, dict[bytes, FastRoute]]:
     """Every route, behind the inbounds' Basic Auth (:mod:`bow_gateway.ingress.inbound_auth`) but
     for the endpoints clients use; and the plain JSON inbounds, for the fast path
@@ -53,7 +56,14 @@ def build_app(
         max_failures_per_minute=config.max_auth_failures_per_minute,
     )
     fast = _add_inbounds(app, auth, config, inbounds, publisher, metrics, enrich)
-    control.add_routes(lambda path, handler: auth.add(app, "POST", path, handler), inbounds)
+    control.add_routes(
+        lambda path, handler: auth.add(app, "POST", path, handler),
+        inbounds,
+        lambda path, handler: auth.add(app, "GET", path, handler),
+    )
+    if webhooks is not None:  # GET .../webhooks/dead, POST .../webhooks/replay (section 19)
+        add = lambda method, path, handler: auth.add(app, method, path, handler)  # noqa: E731
+        add_webhook_routes(webhooks, config.api_prefix, config.inbound_timeout, add)
     health = health_handler(serving, health_check, timeout=config.inbound_timeout)
     auth.add(app, "GET", HEALTH_PATH, health)
     if config.metrics_port is None:

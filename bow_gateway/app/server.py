@@ -32,9 +32,17 @@ from ..runtime.gc_freeze import (
 from ..runtime.http_server import app_runner
 from ..runtime.metrics import Metrics
 from ..runtime.supervisor import Supervisor
+from ..webhooks import (
+    Online,
+    Webhooks,
+    online_from,
+    receipt_events_from,
+    webhooks_from_config,
+)
 from .assembly import history_from, outbound_from
 from .registry import Registry
 from .routes import METRICS_PATH, build_app
+from .webhooks_api import WebhooksApi
 
 logger = logging.getLogger("bow_gateway")
 
@@ -43,7 +51,7 @@ CONSUMER: Final = "backplane consumer"
 down."""
 
 
-class Bow(Registry):
+class Bow(WebhooksApi, Registry):
     """One gateway instance: configure it, register versioned plugins, then ``await start()``.
 
     Every registration returns the same ``Bow`` so calls chain; invalid configuration raises
@@ -71,6 +79,8 @@ class Bow(Registry):
         self._history = History(lambda position: None)
         self._control: Control | None = None  # the control endpoints' operations, once started
         self._embedded: EmbeddedPublish | None = None  # Bow.publish, once started
+        self._webhooks: Webhooks | None = None  # section 19's engine, once started
+        self._online: Online | None = None  # listener.online and .offline, when wanted
 
     # -- control (contract section 9), once started ----------------------------------------
 
@@ -93,15 +103,25 @@ class Bow(Registry):
         idempotency_key: str | None = None,
         *,
         middleware_version: str | None = None,
+        receipt: int | None = None,
+        fallback: int | None = None,
     ) -> tuple[str, str]:
         """Publish ``message`` (``{"name", "audience", "payload"}``) as an inbound does: its
         ``(id, position)``. With ``idempotency_key``, a repeat of the same message within
-        ``inbound.idempotency_window`` publishes nothing and returns the first's. ``ValueError``
+        ``inbound.idempotency_window`` publishes nothing and returns the first's; ``receipt``
+        and ``fallback`` (seconds) as ``Bow-Receipt`` and ``Bow-Fallback``. ``ValueError``
         for an invalid message or key; ``BackplaneUnavailable`` to retry (with the same key)."""
         if self._embedded is None or self._stopping:
             raise RuntimeError("this Bow is not started")
         version = None if middleware_version is None else normalise_version(middleware_version)
-        return await self._embedded.publish(message, idempotency_key, version)
+        return await self._embedded.publish(
+            message, idempotency_key, version, receipt=receipt, fallback=fallback
+        )
+
+    async def receipt(self, message_id: str) -> dict[str, Any] | None:
+        """``GET /_bow/receipts/{id}``: the receipt of a message that asked for one (section
+        17), None for an unknown id or one past ``receipts.ttl``."""
+        return await self._started_control().receipt(message_id)
 
     async def presence(
         self, audience: Any, limit: int = 1_000, cursor: str | None = None
@@ -134,6 +154,7 @@ class Bow(Registry):
         )
         await backplane.connect()
         self._backplane = backplane
+        self._webhooks = webhooks = webhooks_from_config(config, self.metrics)
 
         async def publish(event: Event) -> str:
             return await backplane.publish(encode_event(event))
@@ -155,6 +176,8 @@ class Bow(Registry):
         )
         await self._start_consumer(backplane, outbound, history)
         self._supervise_helpers(outbound)
+        await webhooks.start(self._supervisor.start)
+        self._feed_webhooks(webhooks, backplane, outbound)
         raise_young_threshold()
         self._young_raised = True
         try:
@@ -200,8 +223,20 @@ class Bow(Registry):
         supervise("loop lag probe", self._probe_loop_lag)
         supervise("position teller", outbound.delivery.tell_positions)
         supervise("session leases", outbound.sessions.renew)
+        supervise("receipts", outbound.receipts.run)
         if config.gc_freeze:
             supervise("gc freezer", lambda: freeze_after_connects(lambda: outbound.connects))
+
+    def _feed_webhooks(
+        self, webhooks: Webhooks, backplane: Backplane, outbound: SocketOutbound
+    ) -> None:
+        """The outbound's news for the webhooks that want it: sockets taking an id and going
+        (``listener.online``/``offline``), receipts ending (``message.receipt``/``undelivered``)."""
+        self._online = online = online_from(self.config, webhooks, backplane)
+        if online is not None:
+            outbound.admission.arrivals = online
+            self._supervisor.start("online and offline", online.run)
+        outbound.receipts.on_final = receipt_events_from(self.config, webhooks, backplane)
 
     def _app(
         self, publish: Callable[[Event], Awaitable[str]], backplane: Backplane
@@ -229,6 +264,7 @@ class Bow(Registry):
             metrics=self.metrics,
             enrich=self._enrichers.enrich_all if self._enrichers else None,
             health_check=self._health_check,
+            webhooks=self._webhooks,
             serving=lambda: (
                 backplane.ready and not self._stopping and not self._supervisor.is_down(CONSUMER)
             ),
@@ -295,6 +331,11 @@ class Bow(Registry):
                 self._consumer = None
         if self._outbound is not None:
             await self._outbound.close_all()
+        if self._online is not None:  # the sockets just closed: their ids start leaving
+            await self._online.flush(timeout=self.config.drain_timeout)
+            self._online = None
+        if self._webhooks is not None:
+            await self._webhooks.stop()
         runners, self._runners = self._runners, []
         for runner in runners:
             await runner.cleanup()

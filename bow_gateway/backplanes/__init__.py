@@ -10,7 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.retention import Retention
-from .base import AlreadyAccepted, Backplane, BackplaneUnavailable, Claim, Entry, Gap, Stored
+from .base import (
+    AlreadyAccepted,
+    Backplane,
+    BackplaneUnavailable,
+    Claim,
+    Entry,
+    Gap,
+    Report,
+    Stored,
+)
 from .memory import MemoryBackplane
 
 __all__ = [
@@ -21,6 +30,7 @@ __all__ = [
     "Entry",
     "Gap",
     "MemoryBackplane",
+    "Report",
     "Retention",
     "Stored",
     "backplane_from_config",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..core.retention import Retention
 
@@ -51,13 +52,13 @@ class Stored:
     position: str
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
+class Claim(NamedTuple):
     """An idempotency key claimed with a publish, atomically (contract section 16): a publish
     carrying it appends its events only if no publish took ``key`` within the last ``window``
     seconds, and keeps ``fingerprint``, the position of its last event and ``answer`` under it
     for that long; a publish finding it taken appends nothing and raises
-    :class:`AlreadyAccepted`."""
+    :class:`AlreadyAccepted`. A named tuple: one is made per keyed request (a third of a frozen
+    dataclass's cost)."""
 
     key: str  # ASCII without spaces, unique per inbound path and Idempotency-Key
     fingerprint: str  # of the request's body (no spaces)
@@ -73,6 +74,15 @@ class AlreadyAccepted(Exception):
         self.fingerprint = fingerprint
         self.position = position
         self.answer = answer
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One instance's report on a message that asked for a receipt (:meth:`Backplane.report`)."""
+
+    message_id: str
+    data: bytes
+    until: float  # seconds since the Unix epoch after which it may be forgotten
 
 
 def with_sequence(data: bytes, sequence: int) -> bytes:
@@ -185,6 +195,18 @@ class Backplane(abc.ABC):
     @abc.abstractmethod
     async def release(self, key: str, member: str) -> None:
         """Remove ``member`` from ``key`` (no-op if absent)."""
+
+    # -- receipts across instances (feedback.md section 17) ----------------------------------
+
+    async def report(self, reports: list[Report]) -> None:
+        """Keep this instance's latest report on each message (replacing its previous one) until
+        the report's ``until``, in one trip; :class:`BackplaneUnavailable` if it cannot."""
+        raise BackplaneUnavailable(f"{type(self).__name__} keeps no receipts")
+
+    async def reports(self, message_id: str) -> tuple[dict[str, bytes], set[str]]:
+        """Every instance's latest report on ``message_id`` (by instance id), and the instances
+        live now."""
+        raise BackplaneUnavailable(f"{type(self).__name__} keeps no receipts")
 
     # -- leases across instances (a Flywheel sessionId held by one identity) ---------------
 

@@ -19,11 +19,14 @@ from .base import (
     Claim,
     Entry,
     Gap,
+    Report,
     Stored,
     with_sequence,
 )
 
 _POSITION: Final = re.compile(r"([0-9a-z]{1,32})\.[0-9a-f]{12}\.([0-9]{1,20})")
+LOCAL: Final = "local"
+"""The one instance's id, as its reports name it."""
 TAG_BYTES: Final = 6  # random bytes of a position's tag (12 hex digits)
 
 
@@ -46,8 +49,10 @@ class MemoryBackplane(Backplane):
     recovery window knows each one it gave out exactly, and takes no other).
     """
 
-    def __init__(self, max_pending: int = 10_000) -> None:
+    def __init__(self, max_pending: int = 10_000, max_reports: int = 100_000) -> None:
         self._max_pending = max_pending
+        self._max_reports = max_reports
+        self._reports: OrderedDict[str, Report] = OrderedDict()  # the one instance's, oldest first
         self._queue: asyncio.Queue[Entry | None] | None = None
         self._epoch = secrets.token_hex(6)
         self._origin = f"{self._epoch}.{secrets.token_hex(TAG_BYTES)}.0"
@@ -85,17 +90,19 @@ class MemoryBackplane(Backplane):
         """:class:`AlreadyAccepted` when ``claim``'s key was taken within its window."""
         if claim is None:
             return
-        keys, now = self._keys, time.monotonic()
-        while keys and next(iter(keys.values()))[3] <= now:  # the windows end in this order
-            keys.popitem(last=False)
-        kept = keys.get(claim.key)
-        if kept is not None:
+        kept = self._keys.get(claim.key)
+        if kept is not None and kept[3] > time.monotonic():
             raise AlreadyAccepted(*kept[:3])
 
     def _take(self, claim: Claim | None, positions: list[str]) -> None:
-        if claim is not None and positions:
-            free = time.monotonic() + claim.window
-            self._keys[claim.key] = (claim.fingerprint, positions[-1], claim.answer, free)
+        if claim is None or not positions:
+            return
+        keys, now = self._keys, time.monotonic()
+        keys.pop(claim.key, None)  # a key taken again after its window goes last
+        keys[claim.key] = (claim.fingerprint, positions[-1], claim.answer, now + claim.window)
+        if len(keys) % 64 == 0:  # now and then, those whose windows ended (in this order)
+            while keys and next(iter(keys.values()))[3] <= now:
+                keys.popitem(last=False)
 
     async def publish_retained(
         self, events: list[tuple[bytes, Retention | None]], claim: Claim | None = None
@@ -244,3 +251,17 @@ class MemoryBackplane(Backplane):
         held = self._leases.get(key)
         if held is not None and held[0] == owner:
             del self._leases[key]
+
+    async def report(self, reports: list[Report]) -> None:
+        """Kept until their ``until``, the oldest dropped past ``max_reports``."""
+        kept, now = self._reports, time.time()
+        for report in reports:
+            kept[report.message_id] = report
+        while kept and (len(kept) > self._max_reports or next(iter(kept.values())).until < now):
+            kept.popitem(last=False)
+
+    async def reports(self, message_id: str) -> tuple[dict[str, bytes], set[str]]:
+        report = self._reports.get(message_id)
+        if report is None or report.until < time.time():
+            return {}, {LOCAL}
+        return {LOCAL: report.data}, {LOCAL}

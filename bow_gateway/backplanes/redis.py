@@ -27,7 +27,7 @@ from redis.backoff import NoBackoff
 
 from ..core.retention import Retention
 from ..runtime.redis_client import RedisSettings, redis_client
-from .base import Backplane, BackplaneUnavailable, Claim, Entry
+from .base import Backplane, BackplaneUnavailable, Claim, Entry, Report
 from .redis_ids import POSITION, Cursor, StreamId, as_text, format_id, parse_id, raw_reply
 from .redis_instances import FAILURES, Instances
 from .redis_reader import FIELD, Client, StreamReading, cause
@@ -74,6 +74,7 @@ class RedisBackplane(StreamReading, TopicHistories, Backplane):
         self._max_backoff = max_backoff
         self._publish_timeout = publish_timeout
         self._heartbeat = (heartbeat_interval, live_for)
+        self.live_for = live_for  # seconds an instance counts as live after its last heartbeat
         self._client: Client | None = None
         self._scripts: Scripts | None = None
         self._instances: Instances | None = None
@@ -234,6 +235,12 @@ class RedisBackplane(StreamReading, TopicHistories, Backplane):
 
     async def hold(self, key: str, owner: str, ttl: float) -> bool:
         return await self._joined().hold(key, owner, ttl)
+
+    async def report(self, reports: list[Report]) -> None:
+        await self._joined().report(reports)
+
+    async def reports(self, message_id: str) -> tuple[dict[str, bytes], set[str]]:
+        return await self._joined().reports(message_id)
 
     async def let_go(self, key: str, owner: str) -> None:
         await self._joined().let_go(key, owner)

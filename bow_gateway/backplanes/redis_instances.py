@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from redis.exceptions import RedisClusterException, RedisError
 
-from .base import BackplaneUnavailable
+from .base import BackplaneUnavailable, Report
 from .redis_scripts import Scripts
 
 ANSWER_TTL: Final = 10
@@ -129,6 +129,28 @@ class Instances:
             await self._client.delete(key)
         return got, expected <= answered
 
+    async def report(self, reports: list[Report]) -> None:
+        """This instance's reports, each a field of its message's hash, in one pipeline."""
+        pipeline = self._client.pipeline(transaction=False)
+        for report in reports:
+            key = f"{self._prefix}:receipt:{report.message_id}"
+            pipeline.hset(key, self.id, report.data)
+            pipeline.pexpireat(key, max(1, round(report.until * 1000)))
+        try:
+            await pipeline.execute()
+        except FAILURES as exc:
+            raise BackplaneUnavailable(f"Redis did not take the receipts: {exc}") from exc
+
+    async def reports(self, message_id: str) -> tuple[dict[str, bytes], set[str]]:
+        """Every instance's report on ``message_id``, and the instances live now."""
+        try:
+            found = await self._client.hgetall(f"{self._prefix}:receipt:{message_id}")
+            live = await self._scripts.run("live", [self.key], [self._live_for])
+        except FAILURES as exc:
+            raise BackplaneUnavailable(f"Redis did not answer for the receipt: {exc}") from exc
+        reports = {_text(instance): bytes(data) for instance, data in found.items()}
+        return reports, {_text(instance) for instance in live}
+
     async def claim(self, key: str, member: str, limit: int) -> bool:
         """Add ``member`` to ``key``'s claims unless ``limit`` live ones hold it (0: no limit)."""
         keys = [f"{self._prefix}:sockets:{key}", self.key]
@@ -162,3 +184,7 @@ class Instances:
                 return await self._scripts.run(script, [f"{self._prefix}:lease:{key}"], args)
         except FAILURES as exc:
             raise BackplaneUnavailable(f"Redis did not take the lease: {exc}") from exc
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -249,6 +249,8 @@ class MessageEvent:
     accepted_at: float = 0.0  # time.time() when the inbound accepted it, for latency metrics
     sequence: int | None = None  # its sequence in its topic's history, when kept there ("q")
     id: str = ""  # the message id (section 16: :mod:`.message_ids`), the same on every instance
+    receipt: int = 0  # seconds its receipt stays open (section 17; 0: it asked for none)
+    fallback: bool = False  # Bow-Fallback: message.undelivered for those who missed it (19)
 
 
 @dataclass(slots=True)
@@ -317,6 +319,10 @@ def encode_event(event: Event) -> bytes:
         }
         if event.id:
             document["i"] = event.id
+        if event.receipt:
+            document["r"] = event.receipt
+            if event.fallback:
+                document["f"] = 1
         if message.has_payload:
             document["p"] = message.payload
         if message.publication is not None:
@@ -350,9 +356,12 @@ def decode_event(data: bytes) -> Event:
         else:
             parts = (document["n"], document["a"], document.get("p"), "p" in document)
             message = PublishedMessage(*parts, Publication(*gobbler))
-        return MessageEvent(
+        event = MessageEvent(
             document["m"], message, document.get("t", 0.0), document.get("q"), document.get("i", "")
         )
+        if "r" in document:
+            event.receipt, event.fallback = document["r"], "f" in document
+        return event
     if "c" in document:
         return CriteriaEvent(document["c"], document["i"], document["k"], document.get("b"))
     if "s" in document:

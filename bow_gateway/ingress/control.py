@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
@@ -40,6 +41,7 @@ from ..core.message import (
     dumps,
     validate_message,
 )
+from ..core.receipts import merged_receipt
 from ..runtime.config import Config
 from ..runtime.ratelimit import TokenBucket
 from .accepted import POSITION_HEADER, unavailable, unprocessable
@@ -52,6 +54,9 @@ ADVICE: Final = ("now", "backoff", "new_token", "never")
 """What a kicked client is told to do (section 10's ``reconnect``)."""
 MAX_REASON: Final = 256
 """Characters of a kick's reason text."""
+
+MESSAGE_ID: Final = re.compile(r"[0-9A-Za-z_-]{1,64}")
+"""What a message id may look like (:mod:`~bow_gateway.core.message_ids` makes them)."""
 
 Publish = Callable[[Event], Awaitable[str]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -212,12 +217,38 @@ class Control:
         """``POST /_bow/online``: those of ``ids`` with an authenticated socket anywhere."""
         return await self._online(check_online({"ids": ids}))
 
+    async def receipt(self, message_id: str) -> dict[str, Any] | None:
+        """The receipt of ``message_id`` (section 17) from every instance's report; None when
+        none reported it (unknown, asked for none, or past ``receipts.ttl``)."""
+        if not MESSAGE_ID.fullmatch(message_id):
+            return None
+        reports, live = await self._backplane.reports(message_id)
+        return merged_receipt(message_id, reports, live, max_ids=self._config.receipts_max_ids)
+
+    async def _get_receipt(self, request: web.Request) -> web.StreamResponse:
+        try:
+            receipt = await self.receipt(request.match_info["id"])
+        except BackplaneUnavailable as error:
+            raise unavailable(error.retry_after) from error
+        if receipt is None:
+            raise web.HTTPNotFound(
+                text="404: no receipt for this message id: unknown, asked for none "
+                "(Bow-Receipt), or past receipts.ttl"
+            )
+        return web.Response(body=dumps(receipt), content_type="application/json")
+
     def add_routes(
-        self, add_post: Callable[[str, Handler], None], inbound_paths: Iterable[str]
+        self,
+        add_post: Callable[[str, Handler], None],
+        inbound_paths: Iterable[str],
+        add_get: Callable[[str, Handler], None] | None = None,
     ) -> None:
-        """``POST {api.prefix}/criteria|disconnect|count`` (405 for other methods), each through
-        ``add_post(path, handler)`` (which puts it behind the inbounds' credentials)."""
+        """``POST {api.prefix}/criteria|disconnect|count|presence|online`` (405 for other
+        methods), each through ``add_post(path, handler)`` (which puts it behind the inbounds'
+        credentials), and ``GET {api.prefix}/receipts/{id}`` through ``add_get``."""
         prefix = self._config.api_prefix
+        if add_get is not None:
+            add_get(f"{prefix}/receipts/{{id}}", self._get_receipt)
         check_inbound_paths(inbound_paths, prefix)
         add_post(f"{prefix}/criteria", self._handler(self._post_criteria))
         add_post(f"{prefix}/disconnect", self._handler(self._post_disconnect))

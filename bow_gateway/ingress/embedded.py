@@ -17,6 +17,7 @@ from ..core.message_ids import new_ids
 from .idempotency import Keys, checked_key, repeated
 from .inbound import Enrich as EnrichMany
 from .inbound import PublishMany, check_size, checked_messages, enriched, message_events
+from .receipt_headers import Asked, checked_receipt
 
 EMBEDDED_PATH = "Bow.publish"  # the keys' scope: an inbound path's own never collide with it
 
@@ -50,10 +51,13 @@ class EmbeddedPublish:
         message: Mapping[str, Any],
         idempotency_key: str | None = None,
         middleware_version: str | None = None,
+        receipt: int | None = None,
+        fallback: int | None = None,
     ) -> tuple[str, str]:
         """The message's ``(id, position)``; ``ValueError`` for an invalid message or key, or a
         key used for another message; :class:`~bow_gateway.backplanes.BackplaneUnavailable`
-        when the backplane cannot take it (retry with the same key)."""
+        when the backplane cannot take it (retry with the same key). ``receipt`` and
+        ``fallback``: seconds, as ``Bow-Receipt`` and ``Bow-Fallback``."""
         version = self._version(middleware_version)
         try:
             [checked] = checked_messages(message, False, 1, self._limits)
@@ -61,11 +65,12 @@ class EmbeddedPublish:
                 [checked] = await enriched(self._enrich, [checked], False)
             check_size(checked, "", self._max_event_bytes)
             checked_key(idempotency_key)
+            asked = checked_receipt(_text(receipt), _text(fallback))
         except web.HTTPException as error:
             raise _refused(error) from None
         ids = new_ids(1)
         if idempotency_key is None:
-            positions = await self._publish(message_events(version, [checked], ids), None)
+            positions = await self._publish(message_events(version, [checked], ids, asked), None)
             return ids[0], positions[-1]
         body = orjson.dumps(dict(message), option=orjson.OPT_SORT_KEYS, default=str)
         claim = self._keys.claim(idempotency_key, body, ids, False)
@@ -74,15 +79,16 @@ class EmbeddedPublish:
         except web.HTTPConflict:
             raise BackplaneUnavailable("a publish with this key is under way: retry") from None
         try:
-            return await self._claimed(version, checked, ids, claim)
+            return await self._claimed(version, checked, ids, claim, asked)
         finally:
             self._keys.end(idempotency_key)
 
     async def _claimed(
-        self, version: str, message: Message, ids: list[str], claim: Claim
+        self, version: str, message: Message, ids: list[str], claim: Claim, asked: Asked
     ) -> tuple[str, str]:
         try:
-            positions = await self._publish(message_events(version, [message], ids), claim)
+            events = message_events(version, [message], ids, asked)
+            positions = await self._publish(events, claim)
             return ids[0], positions[-1]
         except AlreadyAccepted as taken:
             try:
@@ -100,6 +106,13 @@ class EmbeddedPublish:
             known = ", ".join(self._versions)
             raise ValueError(f"unknown middleware_version {asked!r}: this gateway has {known}")
         return asked
+
+
+def _text(seconds: int | None) -> str | None:
+    """Seconds given to ``Bow.publish`` as the header would carry them (a bool is no number)."""
+    if seconds is None:
+        return None
+    return str(seconds) if type(seconds) is int else repr(seconds)
 
 
 def _refused(error: web.HTTPException) -> ValueError:

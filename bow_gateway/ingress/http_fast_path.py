@@ -62,7 +62,17 @@ _HEAD: Final = re.compile(
     rb"POST (/[!-~]*) HTTP/1\.1\r\n((?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n)*)"
 )
 _FIELD: Final = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([^\r]*)\r\n")
-_HANDED: Final = frozenset({b"expect", b"transfer-encoding", b"content-encoding", b"upgrade"})
+# Receipts' headers too: rare, so the fast path leaves them to the inbound's handler.
+_HANDED: Final = frozenset(
+    {
+        b"expect",
+        b"transfer-encoding",
+        b"content-encoding",
+        b"upgrade",
+        b"bow-receipt",
+        b"bow-fallback",
+    }
+)
 _ONCE: Final = frozenset(
     {b"content-length", b"content-type", b"authorization", b"connection", b"idempotency-key"}
 )

@@ -36,6 +36,7 @@ from ..runtime.metrics import Metrics
 from ..runtime.userfn import call_user_function, describe
 from .accepted import Accepted, unavailable, unprocessable
 from .idempotency import KEY_HEADER, Keys, checked_key, repeated
+from .receipt_headers import FALLBACK_HEADER, NOTHING, RECEIPT_HEADER, Asked, checked_receipt
 
 logger = logging.getLogger("bow_gateway.inbound")
 
@@ -113,14 +114,16 @@ class _Inbound:
         if self.check is not None:
             self.check(request)
         try:
-            key = checked_key(request.headers.get(KEY_HEADER))
+            headers = request.headers
+            key = checked_key(headers.get(KEY_HEADER))
+            asked = checked_receipt(headers.get(RECEIPT_HEADER), headers.get(FALLBACK_HEADER))
             if key is None:
-                done = await self.published((await self.arrived(request))[0], None)
+                done = await self.published((await self.arrived(request))[0], None, asked)
             else:
                 self.keys.start(key)
                 try:
                     argument, body = await self.arrived(request)
-                    done = await self.published(argument, (key, body))
+                    done = await self.published(argument, (key, body), asked)
                 finally:
                     self.keys.end(key)
         except web.HTTPException as error:
@@ -153,9 +156,12 @@ class _Inbound:
         body = await read_json_bytes(request, self.timeout)
         return json_body(body), body
 
-    async def published(self, argument: Any, keyed: tuple[str, bytes] | None) -> Accepted | None:
+    async def published(
+        self, argument: Any, keyed: tuple[str, bytes] | None, asked: Asked = NOTHING
+    ) -> Accepted | None:
         """The message function on ``argument``, the checks, the enrichers, ids, one trip to the
-        backplane (with ``keyed``'s claim): what was accepted (None: no message)."""
+        backplane (with ``keyed``'s claim): what was accepted (None: no message). ``asked``:
+        the receipt every message of the request asked for."""
         create_message, timeout = self.create_message, self.timeout
         try:
             raw = await call_user_function(create_message, argument, timeout)
@@ -175,7 +181,7 @@ class _Inbound:
             return None
         ids = new_ids(len(messages))
         claim = None if keyed is None else self.keys.claim(keyed[0], keyed[1], ids, batch)
-        events = message_events(self.inbound.middleware_version, messages, ids)
+        events = message_events(self.inbound.middleware_version, messages, ids, asked)
         try:
             positions = await self.publish(events, claim)
         except AlreadyAccepted as taken:
@@ -188,13 +194,15 @@ class _Inbound:
 
 
 def message_events(
-    middleware_version: str, messages: list[Message], ids: list[str]
+    middleware_version: str, messages: list[Message], ids: list[str], asked: Asked = NOTHING
 ) -> list[MessageEvent]:
-    """Messages checked and enriched, with their ids, as the backplane carries them (a plain
-    function: one coroutine less a request than an ``async`` one)."""
+    """Messages checked and enriched, with their ids (and the receipt ``asked``), as the
+    backplane carries them (a plain function: one coroutine less a request than an ``async``
+    one)."""
     now = time.time()
+    window, fallback = asked
     return [
-        MessageEvent(middleware_version, message, now, None, message_id)
+        MessageEvent(middleware_version, message, now, None, message_id, window, fallback)
         for message, message_id in zip(messages, ids, strict=True)
     ]
 

@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..core import codes
 from ..core.codes import TokenExpired
@@ -36,6 +36,15 @@ from .parts import Sockets
 Prepare = Callable[[ListenerId | None], Awaitable[None]]
 """What a protocol does once a connection has its places, before it is indexed (SSE: check its
 filters, start the stream, hold the filters); it may raise :class:`~.expiry.Refusal`."""
+
+
+class Arrivals(Protocol):
+    """Told of each connection that took an id and of each such connection gone (the webhooks'
+    ``listener.online`` and ``listener.offline``); never awaited, so never in a socket's way."""
+
+    def arrived(self, listener_id: ListenerId, sid: str, protocol: str) -> None: ...
+
+    def left(self, listener_id: ListenerId, sid: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +68,12 @@ class Admission:
         *,
         claim: Callable[[str, str, int], Awaitable[bool]] | None = None,
         release: Callable[[str, str], Awaitable[None]] | None = None,
+        arrivals: Arrivals | None = None,
     ) -> None:
         self._outbound = outbound
         self._claim = claim
         self._release = release
+        self.arrivals = arrivals
         self._refreshes: dict[str, int] = {}  # per middleware version: refreshes begun
         self._anonymous: set[str] = set()  # the anonymous connections held (max_anonymous)
         self.expiry = Expiry(outbound)
@@ -118,7 +129,10 @@ class Admission:
                 raise Refusal(text, codes.KICKED, kind=None, reconnect=kick.reconnect)
             if control is not None:  # POST /_bow/criteria while the functions ran: it wins
                 criteria = {**control[1], ID_KEY: listener_id}
+        first = connection.listener_id is None
         self._index(connection, listener_id, details, criteria)
+        if first and listener_id is not None and self.arrivals is not None:
+            self.arrivals.arrived(listener_id, connection.sid, connection.codec.protocol)
         if keep_details:
             connection.details = details
         outbound.metrics.authentications.labels(connection.outbound.version, "accepted").inc()
@@ -291,6 +305,8 @@ class Admission:
     def forget(self, connection: Connection) -> None:
         """The connection is gone: unindex it, cancel its timers, give back its place."""
         self._unindex(connection)
+        if connection.listener_id is not None and self.arrivals is not None:
+            self.arrivals.left(connection.listener_id, connection.sid)
         self._anonymous.discard(connection.sid)
         self._outbound.writer.forget(connection)
         if connection.timer is not None:

@@ -38,9 +38,12 @@ class Codec(Protocol):
     positioned: bool  # its connections are told positions (recovery, __gap, __position)
     reauthenticates: bool  # its clients can authenticate again (4100 before 4003 at expiry)
     coded: bool  # its clients are told the codes of section 10 (all but Bow's protocol 1)
+    acknowledges: bool  # its clients acknowledge a message that asked for a receipt (17)
 
-    def message(self, event: MessageEvent, position: str) -> Encoded:
-        """A delivered message: its packet and the exact bytes written to a transport."""
+    def message(self, event: MessageEvent, position: str, ack_id: int = 0) -> Encoded:
+        """A delivered message: its packet and the exact bytes written to a transport;
+        ``ack_id`` (not 0): the client is asked to acknowledge it under that id (only where it
+        ``acknowledges``)."""
         ...
 
     def replayed(self, event: MessageEvent, position: str) -> bytes:
@@ -63,19 +66,29 @@ class Codec(Protocol):
 class SocketIO:
     """Socket.IO EVENTs on ``/``, written to a websocket as Engine.IO MESSAGE frames."""
 
-    __slots__ = ("coded", "name", "positioned", "proto", "protocol", "reauthenticates")
+    __slots__ = (
+        "acknowledges",
+        "coded",
+        "name",
+        "positioned",
+        "proto",
+        "protocol",
+        "reauthenticates",
+    )
 
     def __init__(self, proto: int) -> None:
         self.proto = proto
         self.protocol = "socketio"
         self.name = f"socketio{proto}"
-        self.positioned = self.reauthenticates = self.coded = proto == 2
+        self.positioned = self.reauthenticates = self.coded = self.acknowledges = proto == 2
 
-    def message(self, event: MessageEvent, position: str) -> Encoded:
+    def message(self, event: MessageEvent, position: str, ack_id: int = 0) -> Encoded:
         if self.positioned:
             packet = positioned_event(
                 event.message, position, sequence=event.sequence, message_id=event.id
             )
+            if ack_id:  # an EVENT with an id asks the client for an ACK: 2<id>[...]
+                packet = b"2%d%s" % (ack_id, packet[1:])
         else:
             packet = plain_event(event.message)
         return packet, websocket_frame(b"4" + packet)
@@ -101,15 +114,15 @@ class FramedCodec(abc.ABC):
     whole frames, no positions, and a fatal alert is the close frame its endpoint sends with
     the code (``Connection.farewell``). Subclasses frame a message and a non-fatal notice."""
 
-    __slots__ = ("coded", "name", "positioned", "protocol", "reauthenticates")
+    __slots__ = ("acknowledges", "coded", "name", "positioned", "protocol", "reauthenticates")
 
     def __init__(self, protocol: str, *, reauthenticates: bool) -> None:
         self.name = self.protocol = protocol
-        self.positioned = False
+        self.positioned = self.acknowledges = False
         self.reauthenticates = reauthenticates
         self.coded = True
 
-    def message(self, event: MessageEvent, position: str) -> Encoded:
+    def message(self, event: MessageEvent, position: str, ack_id: int = 0) -> Encoded:
         frame = self.replayed(event, position)
         return frame, frame
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Collection
 from typing import Any, Final
 
 from ..core import codes
@@ -85,7 +86,7 @@ class Delivery:
         started = time.perf_counter()
         connections = index.resolve(event.message.audience)
         self._resolution.observe(time.perf_counter() - started)
-        if not connections:
+        if not connections and not event.receipt:
             return
         message = event.message
         topics = self._outbound.topics[event.middleware_version]
@@ -95,17 +96,10 @@ class Delivery:
         elif topics.holders and message.name != DISCONNECT:  # once a socket holds a filter
             connections = topics.narrow(connections, message.name)
         if message.name == DISCONNECT:
-            for connection in connections:
-                if connection.codec.coded:
-                    self._outbound.close(
-                        connection,
-                        codes.DISCONNECT_MESSAGE,
-                        "a __disconnect message",
-                        kind="disconnect message",
-                    )
-                elif connection.closing is None:
-                    connection.closing = "disconnect message"
-                    self._outbound.spawn(self._outbound.disconnect_soon(connection))
+            self._disconnect(connections)
+            return
+        if event.receipt:
+            await self._deliver_asking(position, event, connections)
             return
         # Encoded once per codec (not per connection); connections of one codec usually come
         # in runs, so the cache is looked up only when the codec changes.
@@ -138,6 +132,55 @@ class Delivery:
                 await asyncio.sleep(0)
         if last is not None:
             counts[last.protocol] = counts.get(last.protocol, 0) + written
+        self._count(counts)
+
+    async def _deliver_asking(
+        self, position: str, event: MessageEvent, connections: Collection[Connection]
+    ) -> None:
+        """A message that asked for a receipt (section 17): each delivery noted, and protocol-2
+        sockets asked to acknowledge it (one acknowledgement id for all: encoded once)."""
+        receipts = self._outbound.receipts
+        tracked = receipts.track(event, position, len(connections))
+        encodings: dict[Codec, Encoded] = {}
+        write = self._outbound.writer.write
+        counts: dict[str, int] = {}
+        now = time.monotonic()
+        for seen, connection in enumerate(connections, 1):
+            connection_codec = connection.codec
+            asks = tracked is not None and connection_codec.acknowledges
+            cached = encodings.get(connection_codec)
+            if cached is None:
+                ack_id = tracked.ack_id if tracked is not None and asks else 0
+                cached = encodings[connection_codec] = connection_codec.message(
+                    event, position, ack_id
+                )
+            if connection_codec.positioned:
+                connection.positioned_at = now
+            if write(connection, *cached):
+                protocol = connection_codec.protocol
+                counts[protocol] = counts.get(protocol, 0) + 1
+                if tracked is not None:
+                    receipts.delivered(tracked, connection, asks)
+            if seen % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+        self._count(counts)
+
+    def _disconnect(self, connections: Collection[Connection]) -> None:
+        """A ``__disconnect`` message: each of ``connections`` closed (coded or not)."""
+        for connection in connections:
+            if connection.codec.coded:
+                self._outbound.close(
+                    connection,
+                    codes.DISCONNECT_MESSAGE,
+                    "a __disconnect message",
+                    kind="disconnect message",
+                )
+            elif connection.closing is None:
+                connection.closing = "disconnect message"
+                self._outbound.spawn(self._outbound.disconnect_soon(connection))
+
+    def _count(self, counts: dict[str, int]) -> None:
+        """``bow_deliveries_total``, by protocol."""
         for protocol, count in counts.items():
             counter = self._delivered.get(protocol)
             if counter is None:

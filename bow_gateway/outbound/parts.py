@@ -14,6 +14,7 @@ from ..core.plugins import CreateCriteriaFromListenerDetails
 from ..core.topic_index import TopicIndex
 from ..runtime.metrics import Metrics
 from .connection import Connection, Settings
+from .receipts import Receipts
 from .sessions import Sessions
 from .writer import Writer
 
@@ -41,6 +42,7 @@ class Sockets(Protocol):
     writer: Writer
     publish: Callable[[Event], Awaitable[object]]
     positioned: set[Connection]
+    receipts: Receipts
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None: ...
 

@@ -33,6 +33,7 @@ from .codec import socketio_codec
 from .connection import Connection, Settings, logger
 from .delivery import Delivery
 from .publishing import ClientPublish
+from .receipts import Receipts
 from .replays import Replays
 from .sessions import Hold, LetGo, Sessions
 from .subscriptions import subscribe
@@ -73,6 +74,7 @@ class SocketOutbound:
         metrics: Metrics | None = None,
         client_publish: ClientPublish | None = None,
         topic_history: TopicHistory | None = None,
+        receipts: Receipts | None = None,
     ) -> None:
         self._outbounds = outbounds
         self.middlewares = middlewares
@@ -88,6 +90,7 @@ class SocketOutbound:
         self.metrics = metrics or Metrics()
         self.connections: dict[str, Connection] = {}
         self.client_publish = client_publish
+        self.receipts = receipts if receipts is not None else Receipts()
         self.topic_history = topic_history
         self.positioned: set[Connection] = set()  # authenticated protocol-2 connections
         self.connects = 0  # Socket.IO connections accepted so far
@@ -290,6 +293,13 @@ class SocketOutbound:
             return False
         self.close(connection, codes.TOO_MANY_REQUESTS, text, kind="flood")
         return True
+
+    def acknowledged(self, eio_sid: str, ack_id: int) -> bool:
+        """A Socket.IO client acknowledged the message it got under ``ack_id`` (section 17):
+        whether that was expected (then it is not counted against the client's packet rate)."""
+        sid = self.sio.manager.sid_from_eio_sid(eio_sid, "/")
+        connection = self.connections.get(sid) if sid is not None else None
+        return connection is not None and self.receipts.acknowledged(connection, ack_id)
 
     async def close_transport(self, eio_sid: str, *, abort: bool = False) -> None:
         """Close one Engine.IO connection without waiting on its client (:meth:`LeanSocket.shut`).

@@ -12,6 +12,7 @@ from marshmallow import ValidationError
 
 from ..core.criteria import error_text
 from ..core.retention import HistoryRule, history_rules
+from ..core.webhook_settings import Webhook, webhook_settings
 from .config_schema import _ConfigSchema
 from .protocol_paths import declared
 
@@ -91,6 +92,14 @@ class Config:
     """Bytes waiting for the slow sockets of one listener id on an instance (0: no limit)."""
     max_anonymous: int = 10_000
     """Anonymous connections held on an instance (0: no limit); then 4009."""
+    receipts_max_ids: int = 10_000
+    """Ids a receipt lists (``receipts.max_ids``); past it a list is ``null``."""
+    receipts_ttl: float = 3_600.0
+    """Seconds a receipt is kept after its end (``receipts.ttl``)."""
+    webhooks: tuple[Webhook, ...] = ()
+    """The ``[[webhooks]]`` receivers (section 19)."""
+    offline_grace: float = 5.0
+    """``presence.offline_grace``: seconds an id's last socket may be gone before it is offline."""
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.https is None or isinstance(self.https, ssl.SSLContext):
@@ -109,16 +118,14 @@ def load_config(raw: Mapping[str, Any]) -> Config:
     raw = dict(raw)
     if raw.get("middleware") is None:
         raw.pop("middleware", None)
-    for section in ("recovery", "api"):  # their defaults come from loading an empty table
+    # their defaults come from loading an empty table
+    for section in ("recovery", "api", "presence", "receipts"):
         raw.setdefault(section, {})
     try:
         data = _ConfigSchema().load(raw)
     except ValidationError as error:
         raise ValueError("invalid configuration: " + error_text(error.messages)) from None
-    try:
-        history = tuple(history_rules(data["history"]))
-    except ValueError as error:
-        raise ValueError(f"invalid configuration: {error}") from None
+    history, webhooks = _tables(data)
     log_interval = data["middleware"].get("log_interval")
     return Config(
         port=data["port"],
@@ -177,4 +184,16 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         max_auth_failures_per_minute=data["inbound"]["max_auth_failures_per_minute"],
         max_buffered_bytes_per_id=data["outbound"]["max_buffered_bytes_per_id"],
         max_anonymous=data["outbound"]["max_anonymous"],
+        receipts_max_ids=data["receipts"]["max_ids"],
+        receipts_ttl=data["receipts"]["ttl"],
+        webhooks=webhooks,
+        offline_grace=data["presence"]["offline_grace"],
     )
+
+
+def _tables(data: Mapping[str, Any]) -> tuple[tuple[HistoryRule, ...], tuple[Webhook, ...]]:
+    """The ``[[history]]`` and ``[[webhooks]]`` tables, checked."""
+    try:
+        return tuple(history_rules(data["history"])), webhook_settings(data["webhooks"])
+    except ValueError as error:
+        raise ValueError(f"invalid configuration: {error}") from None

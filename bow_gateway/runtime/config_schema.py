@@ -227,6 +227,23 @@ class _BackplaneSchema(Schema):
     )
 
 
+class _PresenceSchema(Schema):
+    offline_grace = fields.Float(
+        load_default=5.0,
+        validate=validate.Range(
+            min=0, min_inclusive=False, max=3600, error="must be more than 0 and at most 3600"
+        ),
+    )
+
+
+class _ReceiptsSchema(Schema):
+    max_ids = fields.Integer(load_default=10_000, validate=validate.Range(min=0))
+    ttl = fields.Float(
+        load_default=3_600.0,
+        validate=validate.Range(min=0, min_inclusive=False, error="must be positive"),
+    )
+
+
 class _ConfigSchema(Schema):
     port = fields.Integer(required=True, validate=validate.Range(min=0, max=65535))
     host = fields.String(load_default="0.0.0.0", validate=NON_EMPTY)
@@ -251,3 +268,6 @@ class _ConfigSchema(Schema):
     recovery = fields.Nested(_RecoverySchema, load_default=dict)
     api = fields.Nested(_ApiSchema, load_default=dict)
     history = fields.Raw(load_default=list)
+    presence = fields.Nested(_PresenceSchema, load_default=dict)
+    receipts = fields.Nested(_ReceiptsSchema, load_default=dict)
+    webhooks = fields.Raw(load_default=list)  # checked by core.webhook_settings

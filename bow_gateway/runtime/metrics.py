@@ -38,6 +38,7 @@ class Metrics:
         self._add_connection_metrics()
         self._add_message_metrics()
         self._add_protocol_metrics()
+        self._add_webhook_metrics()
 
     def _add_connection_metrics(self) -> None:
         """Connections and sockets: open, held as listeners, authenticated, disconnected."""
@@ -170,6 +171,35 @@ class Metrics:
         self.backplane_lag_seconds = Gauge(
             "bow_backplane_lag_seconds",
             "Age of the last event read from the backplane when it was read.",
+            registry=self.registry,
+            multiprocess_mode="max",
+        )
+
+    def _add_webhook_metrics(self) -> None:
+        """Webhooks (section 19): requests by webhook (its index in ``[[webhooks]]``, never its
+        URL) and outcome, dead letters, the backlog refused, the queue's depth."""
+        self.webhook_requests = Counter(
+            "bow_webhook_requests",
+            "Webhook requests by webhook (its index in [[webhooks]]) and outcome: delivered (2xx),"
+            " retried (to be tried again), dead (made a dead letter).",
+            ["webhook", "outcome"],
+            registry=self.registry,
+        )
+        self.webhook_dead_letters = Counter(
+            "bow_webhook_dead_letters",
+            "Dead letters made, by webhook: failed deliveries, events refused at the backlog"
+            " bound.",
+            ["webhook"],
+            registry=self.registry,
+        )
+        self.webhook_backlog_full = Counter(
+            "bow_webhook_backlog_full",
+            "Webhook events refused because max_backlog events were waiting (made dead letters).",
+            registry=self.registry,
+        )
+        self.webhook_queue_depth = Gauge(
+            "bow_webhook_queue_depth",
+            "Webhook events waiting, as the delivering instance last saw them (0 elsewhere).",
             registry=self.registry,
             multiprocess_mode="max",
         )

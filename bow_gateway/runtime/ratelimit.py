@@ -28,6 +28,11 @@ class TokenBucket:
         self._tokens = tokens - 1
         return True
 
+    def give_back(self) -> None:
+        """Return a token :meth:`take` spent (on what turned out not to count), up to the
+        burst."""
+        self._tokens = min(self._burst, self._tokens + 1)
+
     def delay(self) -> float:
         """Seconds until :meth:`take` can spend a token (0: now), spending nothing."""
         tokens = self._tokens + (time.monotonic() - self._stamp) * self._rate

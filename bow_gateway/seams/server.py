@@ -4,6 +4,7 @@
   acknowledgement, which the contract requires and python-socketio hides;
 - every Engine.IO connection, with a Socket.IO connection or not, is known to the outbound from
   its start (:meth:`ServerHooks.opened`), so that one never authenticated is closed in time;
+- a client's acknowledgement reaches the outbound (:meth:`ServerHooks.acknowledged`);
 - a malformed packet, or a binary one (the gateway needs none), costs its own socket an ``alert``
   and a disconnect, and nothing else;
 - a disconnect costs the same at any number of sockets (:class:`Manager`).
@@ -19,8 +20,8 @@ import socketio
 from socketio import packet as sio_packet
 
 from ..runtime.ratelimit import rate_limited
+from .transport import LeanSocket, make_lean
 from .transport import logger as transport_logger
-from .transport import make_lean
 from .websocket import WebSocketDriver
 
 _BINARY_TYPES: Final = frozenset(
@@ -46,6 +47,8 @@ class ServerHooks(Protocol):
     async def refuse_eio(self, eio_sid: str, reason: str) -> None: ...
 
     async def flooded(self, eio_sid: str, text: str) -> bool: ...
+
+    def acknowledged(self, eio_sid: str, ack_id: int) -> bool: ...
 
 
 class Manager(socketio.AsyncManager):  # type: ignore[misc]
@@ -94,6 +97,14 @@ class Server(socketio.AsyncServer):  # type: ignore[misc]
                 self._hooks.spawn(self._hooks.replay(sid, data[1:], id))
             return
         # Any other event from a client is ignored: clients only listen.
+
+    async def _handle_ack(self, eio_sid: str, namespace: str | None, id: Any, data: Any) -> None:
+        """A client's acknowledgement: of a message that asked for a receipt (the gateway asks
+        no other), whatever its arguments; python-socketio's own would warn of an unknown id."""
+        if (namespace or "/") == "/" and type(id) is int and self._hooks.acknowledged(eio_sid, id):
+            socket = self.eio.sockets.get(eio_sid)
+            if isinstance(socket, LeanSocket):
+                socket.give_back()  # expected: not counted against the client's packet rate
 
     async def _handle_eio_connect(self, eio_sid: str, environ: Any) -> None:
         make_lean(self.eio, eio_sid)
@@ -156,6 +167,7 @@ def socketio_server(
     server.eio._async = {**server.eio._async, "websocket": WebSocketDriver}
     server.eio.body_timeout = body_timeout  # LeanSocket's bound on a long-polling POST's body
     server.eio.flooded = hooks.flooded  # what LeanSocket tells of a websocket past the rate
+    server.eio.acknowledged = hooks.acknowledged  # LeanSocket's ACKs on "/", told at once
     return server
 
 

@@ -6,8 +6,9 @@ packet received, a writer task that waits on a queue (another ``wait_for`` and t
 and a task per socket per ping: at 10,000 sockets, most of the gateway's objects, memory and
 idle CPU. :class:`LeanSocket` keeps engineio's protocol and its server's bookkeeping, and
 replaces that machinery for the websocket transport: the websocket's driver (:mod:`.websocket`)
-hands each message to :meth:`LeanSocket.received` (a PONG is handled there and then; other
-packets by a task that lives only while some wait), packets are written straight to the
+hands each message to :meth:`LeanSocket.received` (a PONG, or a Socket.IO acknowledgement of a
+receipt's event, is handled there and then; other packets by a task that lives only while some
+wait), packets are written straight to the
 transport, pings go from one timer per tick for all sockets (:mod:`.pings`), and a client that
 stops answering them is closed by engineio's service task. Long-polling
 sockets keep engineio's queue, with bounds: a poll response carries at most what python-engineio's
@@ -30,9 +31,11 @@ socket keeps :mod:`.socket_state`.
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import time
 from collections import deque
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from engineio import exceptions as eio_exceptions
 from engineio import packet as eio_packet
@@ -49,6 +52,14 @@ logger = rate_limited("bow_gateway.transport")
 
 INBOX: Final = 16
 """Packets of a websocket waiting to be handled before its reading pauses."""
+_ACK: Final = re.compile(r"3([0-9]{1,18})(\[.*)", re.DOTALL)
+"""A Socket.IO ACK on ``/`` with an id and a JSON list (python-socketio's ``3<id><JSON>``)."""
+
+
+class Acknowledged(Protocol):
+    """The server's hook for a client's acknowledgement (``ServerHooks.acknowledged``)."""
+
+    def __call__(self, eio_sid: str, ack_id: int) -> bool: ...
 
 
 def _frame_of(pkt: eio_packet.Packet) -> bytes:
@@ -138,9 +149,13 @@ class LeanSocket(LongPolling):
         admit(pkt, bucket)
 
     def received(self, data: str | bytes) -> bool:
-        """A message of this socket's websocket, from its driver, in order: a PONG with nothing
-        before it waiting is handled now, anything else by a task that lives while there is
-        something to read. False once :data:`INBOX` wait (the driver pauses its reading)."""
+        """A message of this socket's websocket, from its driver, in order: a PONG or a Socket.IO
+        acknowledgement with nothing before it waiting is handled now, anything else by a task
+        that lives while there is something to read. False once :data:`INBOX` wait (the driver
+        pauses its reading)."""
+        if self._lean.inbox is None and type(data) is str and data[:2] == "43":
+            if self._acknowledged(data[1:]):  # a MESSAGE carrying a Socket.IO ACK: done
+                return True
         try:
             pkt = decode(data)
             self._admit(pkt)
@@ -151,6 +166,44 @@ class LeanSocket(LongPolling):
             self.schedule_ping()  # what engineio's receive() does with a PONG
             return True
         return self._take_in(pkt)
+
+    def _acknowledged(self, data: str) -> bool:
+        """The data of an Engine.IO MESSAGE that is a Socket.IO ACK on ``/`` (``3<id><JSON>``,
+        the acknowledgement of a receipt's event), nothing of the socket's waiting before it:
+        admitted (a token of the client's rate, as any packet), then told straight to the
+        server's ``acknowledged`` hook, as python-socketio would through two tasks, its decoding
+        and ``Server._handle_ack``. False for anything else (another namespace, attachments,
+        malformed JSON, a closing socket, past the rate): the normal way, which decodes it and
+        alerts, closes or ignores as before."""
+        if self.closing or self.closed:
+            return False
+        acknowledged: Acknowledged | None = getattr(self.server, "acknowledged", None)
+        matched = _ACK.fullmatch(data)
+        if acknowledged is None or matched is None:
+            return False
+        rest = matched[2]
+        if rest != "[]":
+            try:
+                json.loads(rest)
+            except ValueError:
+                return False  # python-socketio's decoding fails it: an alert and a disconnect
+        bucket = self._lean.incoming
+        if bucket is None:
+            bucket = self._lean.incoming = TokenBucket(INCOMING_RATE, INCOMING_BURST)
+        if not bucket.take():
+            return False  # spent nothing: the normal way finds it past the rate too
+        try:
+            if acknowledged(self.sid, int(matched[1])):
+                bucket.give_back()  # an acknowledgement the gateway asked for costs no token
+        except Exception:  # as python-socketio's handler would have logged it
+            logger.exception("Engine.IO connection %s: an acknowledgement failed", self.sid)
+        return True
+
+    def give_back(self) -> None:
+        """A packet taken in turned out to be one the gateway asked for (an expected
+        acknowledgement, read the normal way): its token back."""
+        if self._lean.incoming is not None:
+            self._lean.incoming.give_back()
 
     def lost(self) -> None:
         """The websocket ended (either side closed it, or the connection was lost)."""

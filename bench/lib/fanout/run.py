@@ -84,6 +84,7 @@ async def bench_one(
     proto: int = 1,
     protocol: str = "socketio",
     spy: str = "",
+    receipt: int = 0,
 ) -> tuple[Connected, list[Result]]:
     books = Books()
     port = int(gateways.socket_urls[0].rsplit(":", 1)[1])
@@ -93,7 +94,7 @@ async def bench_one(
         port=port,
         machine=Machine(gateways.pids, redis_pid, []),
         books=books,
-        posters=Posters(args.host, port),
+        posters=Posters(args.host, port, receipt),
         cores=(args.server_cpu, args.client_cpu),
         proto=proto,
         protocol=protocol,

@@ -16,7 +16,7 @@ monotonic_ns = time.monotonic_ns
 class Message:
     """One message POSTed and not yet received by every socket it targets."""
 
-    __slots__ = ("key", "on_done", "position", "remaining", "sent", "seq")
+    __slots__ = ("ack", "key", "on_done", "position", "remaining", "sent", "seq")
 
     def __init__(self, seq: int, sent: int, remaining: int, on_done: Callable[[], None]) -> None:
         self.seq = seq
@@ -25,6 +25,7 @@ class Message:
         self.on_done = on_done
         self.key = b""  # the frame's payload, once a socket has received it
         self.position: str | None = None  # protocol 2: the frame's meta.position
+        self.ack = b""  # protocol 2, a receipt asked: the masked ACK frame each socket answers
 
 
 class Books:
@@ -49,8 +50,11 @@ class Books:
         self.idle.clear()
         return message
 
-    def first_receipt(self, payload: bytes, body: Any, meta: Any = None) -> Message | None:
-        """The first copy of a frame: its message, from now on found by the frame's bytes."""
+    def first_receipt(
+        self, payload: bytes, body: Any, meta: Any = None, ack: bytes = b""
+    ) -> Message | None:
+        """The first copy of a frame: its message, from now on found by the frame's bytes;
+        ``ack``: the frame each socket that receives it answers (the event asked for an ACK)."""
         seq = body.get("seq") if isinstance(body, dict) else None
         message = self.pending.get(seq) if isinstance(seq, int) else None
         if message is None:
@@ -58,6 +62,7 @@ class Books:
             return None
         message.sent = body["t"]
         message.key = payload
+        message.ack = ack
         if isinstance(meta, dict):
             message.position = meta.get("position")
         self.frames[payload] = message

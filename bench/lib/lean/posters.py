@@ -15,10 +15,10 @@ CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:\s*(\d+)", re.IGNORECASE)
 class Poster(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection to the inbound: one POST at a time, its status back."""
 
-    def __init__(self, host: str, authorization: str) -> None:
+    def __init__(self, host: str, authorization: str, headers: str = "") -> None:
         self._head = (
             f"POST {gateway.PATH} HTTP/1.1\r\nHost: {host}\r\nAuthorization: {authorization}\r\n"
-            "Content-Type: application/json\r\nContent-Length: "
+            f"{headers}Content-Type: application/json\r\nContent-Length: "
         ).encode()
         self.transport: asyncio.Transport | None = None
         self._waiter: asyncio.Future[int] | None = None
@@ -61,10 +61,12 @@ class Poster(asyncio.Protocol):
 
 
 class Posters:
-    """A pool of :class:`Poster` connections, reopened when the gateway has closed one."""
+    """A pool of :class:`Poster` connections, reopened when the gateway has closed one;
+    ``receipt`` (seconds, not 0): every POST asks for a receipt (``Bow-Receipt``)."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, receipt: int = 0) -> None:
         self._host, self._port = host, port
+        self._headers = f"Bow-Receipt: {receipt}\r\n" if receipt else ""
         self._authorization = aiohttp.encode_basic_auth(gateway.USER, gateway.PASSWORD)
         self._free: asyncio.Queue[Poster | None] = asyncio.Queue()
 
@@ -81,7 +83,7 @@ class Posters:
         poster = await self._free.get()
         try:
             if poster is None or not poster.usable:
-                poster = Poster(f"{self._host}:{self._port}", self._authorization)
+                poster = Poster(f"{self._host}:{self._port}", self._authorization, self._headers)
                 loop = asyncio.get_running_loop()
                 await loop.create_connection(lambda: poster, self._host, self._port)
             return await poster.post(body)

@@ -119,6 +119,7 @@ class LeanClient(asyncio.Protocol):
         books = self.books
         frames = books.frames
         latencies = books.latencies
+        acks: list[bytes] = []
         pos, end = 0, len(data)
         while end - pos >= 2:
             length = data[pos + 1]  # a server's frames are not masked
@@ -145,10 +146,14 @@ class LeanClient(asyncio.Protocol):
                 latencies.append(now - message.sent)
                 self.received += 1
                 self.position = message.position
+                if message.ack:  # the event asked for an ACK (a receipt): answered at once
+                    acks.append(message.ack)
                 message.remaining -= 1
                 if message.remaining == 0:
                     books.finish(message, now)
             pos = stop
+        if acks and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(acks))
         return data[pos:]
 
     # everything else
@@ -194,8 +199,13 @@ class LeanClient(asyncio.Protocol):
             self.position = self.result.get("position") or self.position
 
     def _event(self, payload: bytes) -> Message | None:
+        """``42[...]``, or ``42<id>[...]`` asking for an ACK (``43<id>[]``) of each copy."""
+        head = payload.find(b"[")
+        digits = payload[2:head] if head > 2 else b""
+        if digits and not digits.isdigit():
+            return None
         try:
-            name, *args = json.loads(payload[2:])
+            name, *args = json.loads(payload[2 + len(digits) :])
         except ValueError:
             return None
         meta = args[1] if self.proto == 2 and len(args) > 1 else None
@@ -208,7 +218,8 @@ class LeanClient(asyncio.Protocol):
         if name != EVENT:  # e.g. "alert": why the gateway is about to close this socket
             self.reason = f"{name}: {args}"
             return None
-        return self.books.first_receipt(payload, args[0] if args else None, meta)
+        ack = client_frame(b"43" + digits + b"[]") if digits else b""
+        return self.books.first_receipt(payload, args[0] if args else None, meta, ack)
 
     def _upgrade(self, data: bytes) -> bytes:
         end = data.find(b"\r\n\r\n")

@@ -47,16 +47,25 @@ class SseCodec:
     """``text/event-stream`` events; ``chunked``: each framed as one HTTP/1.1 chunk, since the
     bytes go to the transport around aiohttp's writer (framed once per message, not per stream)."""
 
-    __slots__ = ("chunked", "coded", "name", "positioned", "protocol", "reauthenticates")
+    __slots__ = (
+        "acknowledges",
+        "chunked",
+        "coded",
+        "name",
+        "positioned",
+        "protocol",
+        "reauthenticates",
+    )
 
     def __init__(self, *, chunked: bool) -> None:
         self.chunked = chunked
+        self.acknowledges = False
         self.protocol = "sse"
         self.name = "sse-chunked" if chunked else "sse"
         self.positioned = self.coded = True
         self.reauthenticates = False
 
-    def message(self, event: MessageEvent, position: str) -> Encoded:
+    def message(self, event: MessageEvent, position: str, ack_id: int = 0) -> Encoded:
         packet = self.replayed(event, position)
         return packet, self.frame(packet)
 
