@@ -241,3 +241,26 @@ async def test_no_message_undelivered_when_nobody_missed_it(
     await eventually(lambda: bool(of_type(receiver, "message.receipt")), "the receipt")
     await settle(receiver, 0.5)
     assert of_type(receiver, "message.undelivered") == []
+
+
+async def test_an_instance_forgets_the_ids_whose_sockets_it_no_longer_holds(
+    gateways: Callable[..., Awaitable[Mixed]], receiver: Receiver
+) -> None:
+    """Regression: the set of ids an instance holds sockets of (for the sweep of a dead
+    instance) kept every id it ever held, growing without bound."""
+    import redis.asyncio as redis
+
+    namespace = f"online-{uuid.uuid4().hex[:8]}"
+    gateway = await gateways(redis="redis://127.0.0.1:6379/0", namespace=namespace)
+    one = await gateway.socketio("USER/1", FX)
+    await gateway.socketio("USER/2", FX)
+    await eventually(lambda: len(of_type(receiver, "listener.online")) == 2, "both online")
+    await one.close()
+    await eventually(lambda: presence_of(receiver, "USER/1") == ["online", "offline"], "offline")
+    backplane: Any = gateway.bow._backplane
+    client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
+    try:
+        held = await client.smembers(f"{{{namespace}}}:online:by:{backplane.instance_id}")
+    finally:
+        await client.aclose()
+    assert held == {b'"USER/2"'}

@@ -331,6 +331,7 @@ class Bow(WebhooksApi, Registry):
                 self._consumer = None
         if self._outbound is not None:
             await self._outbound.close_all()
+            self._outbound.receipts.close()
         if self._online is not None:  # the sockets just closed: their ids start leaving
             await self._online.flush(timeout=self.config.drain_timeout)
             self._online = None

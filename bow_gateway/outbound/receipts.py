@@ -230,6 +230,11 @@ class Receipts:
         except Exception:
             logger.exception("could not finish the receipt of message %s", event.id)
 
+    def close(self) -> None:
+        """Stop looking at receipts that ended (a stopping instance: the others still do)."""
+        for task in self._finishing:
+            task.cancel()
+
     @property
     def open(self) -> int:
         """How many receipts this instance tracks now."""

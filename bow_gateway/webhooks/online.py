@@ -183,8 +183,13 @@ return 1
 )
 
 _LEAVE = """
--- KEYS: state, leaving, sockets; ARGV: id text, member, grace in ms. 1: leaving now.
+-- KEYS: state, leaving, sockets, by; ARGV: id text, member, grace in ms, instance. 1: leaving.
 redis.call('SREM', KEYS[3], ARGV[2])
+local mine = false
+for _, member in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  if string.sub(member, 1, string.len(ARGV[4]) + 1) == ARGV[4] .. ' ' then mine = true end
+end
+if not mine then redis.call('SREM', KEYS[4], ARGV[1]) end  -- by: this instance's ids, bounded
 if redis.call('SCARD', KEYS[3]) > 0 or redis.call('HGET', KEYS[1], ARGV[1]) ~= 'on' then
   return 0
 end
@@ -284,8 +289,8 @@ class RedisOnline(Online):
                 args = [text, member, *self._limits, event, self._instance]
                 await self._arrive(keys, args, client=pipeline)
             else:
-                args = [text, member, grace_ms]
-                await self._leave([state, leaving, sockets], args, client=pipeline)
+                args = [text, member, grace_ms, self._instance]
+                await self._leave([state, leaving, sockets, by], args, client=pipeline)
         await pipeline.execute()
 
     async def _sweep(self) -> None:
