@@ -10,6 +10,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
@@ -40,12 +41,12 @@ class Webhook:
     def __post_init__(self) -> None:
         check_webhook(self, "webhook")
 
-    @property
+    @cached_property  # computed once, not per request (a frozen dataclass keeps a __dict__)
     def key(self) -> bytes:
         """The HMAC key: the secret's base64 decoded, its ``whsec_`` prefix left out."""
         return base64.b64decode(self.secret.removeprefix(SECRET_PREFIX))
 
-    @property
+    @cached_property
     def tag(self) -> str:
         """A short name of the URL, stable across restarts and reorderings of the tables: the end
         of each ``webhook-id`` sent to it."""
