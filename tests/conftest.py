@@ -13,6 +13,7 @@ import pytest
 from bow_gateway import Bow
 
 from .support import AUTH, MAX_HEADER, PATH, Gateway, Listener, base_config, standard_bow, token
+from .support.mixed_clients import Mixed, mixed_bow
 from .support.protocol2 import P2Gateway, p2_bow
 
 # Every Python the tests start (`python -m bow_gateway` from the repository's root, say) imports
@@ -128,6 +129,26 @@ async def serve_p2(
 
     yield start
     for gateway in gateways:
+        await gateway.close()
+
+
+@pytest.fixture
+async def serve_mixed(
+    start_bow: Callable[[Bow], Awaitable[Bow]], http: aiohttp.ClientSession
+) -> AsyncIterator[Callable[..., Awaitable[Mixed]]]:
+    """``gateway = await serve_mixed(**config)``: :func:`~.support.mixed_clients.mixed_bow`
+    (every protocol) with ``config`` overriding top-level sections; its clients are closed
+    before it stops."""
+    made: list[Mixed] = []
+
+    async def start(**config: Any) -> Mixed:
+        bow = await start_bow(mixed_bow(base_config(**config)))
+        gateway = Mixed(f"instance {len(made)}", bow, http)
+        made.append(gateway)
+        return gateway
+
+    yield start
+    for gateway in made:
         await gateway.close()
 
 

@@ -4,37 +4,26 @@ and across two through Redis, every protocol counted, and ``Bow.presence`` / ``B
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import pytest
 
 from bow_gateway import Bow
 
-from .support import AUTH, base_config, until
-from .support.mixed_clients import Mixed, mixed_bow
+from .support import AUTH, until
+from .support.mixed_clients import Mixed
 
 StartBow = Callable[[Bow], Awaitable[Bow]]
 DESK = [{"desk": "fx"}]
 
 
 @pytest.fixture
-async def gateways(
-    start_bow: StartBow, http: aiohttp.ClientSession
-) -> AsyncIterator[Callable[..., Awaitable[Mixed]]]:
-    """``await gateways(**config)``: a running gateway of every protocol (closed at the end)."""
-    made: list[Mixed] = []
-
-    async def start(**config: Any) -> Mixed:
-        bow = await start_bow(mixed_bow(base_config(**config)))
-        gateway = Mixed(f"instance {len(made)}", bow, http)
-        made.append(gateway)
-        return gateway
-
-    yield start
-    for gateway in made:
-        await gateway.close()
+def gateways(
+    serve_mixed: Callable[..., Awaitable[Mixed]],
+) -> Callable[..., Awaitable[Mixed]]:
+    """``await gateways(**config)``: a running gateway of every protocol (conftest)."""
+    return serve_mixed
 
 
 async def ask(gateway: Mixed, what: str, body: Any) -> tuple[int, Any]:

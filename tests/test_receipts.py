@@ -8,7 +8,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -16,8 +16,8 @@ import pytest
 
 from bow_gateway import Bow
 
-from .support import AUTH, PATH, WAIT, base_config, token
-from .support.mixed_clients import VERSION, Mixed, mixed_bow, next_seen
+from .support import AUTH, PATH, WAIT, token
+from .support.mixed_clients import VERSION, Mixed, next_seen
 
 StartBow = Callable[[Bow], Awaitable[Bow]]
 FX = {"desk": "fx"}
@@ -25,21 +25,11 @@ TO_FX = [{"desk": "fx"}]
 
 
 @pytest.fixture
-async def gateways(
-    start_bow: StartBow, http: aiohttp.ClientSession
-) -> AsyncIterator[Callable[..., Awaitable[Mixed]]]:
-    """``await gateways(**config)``: a running gateway of every protocol (closed at the end)."""
-    made: list[Mixed] = []
-
-    async def start(**config: Any) -> Mixed:
-        bow = await start_bow(mixed_bow(base_config(**config)))
-        gateway = Mixed(f"instance {len(made)}", bow, http)
-        made.append(gateway)
-        return gateway
-
-    yield start
-    for gateway in made:
-        await gateway.close()
+def gateways(
+    serve_mixed: Callable[..., Awaitable[Mixed]],
+) -> Callable[..., Awaitable[Mixed]]:
+    """``await gateways(**config)``: a running gateway of every protocol (conftest)."""
+    return serve_mixed
 
 
 async def push(

@@ -11,13 +11,12 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import pytest
 
 from bow_gateway import Bow
 
-from .support import AUTH, PATH, base_config
-from .support.mixed_clients import Mixed, mixed_bow, next_seen
+from .support import AUTH, PATH
+from .support.mixed_clients import Mixed, next_seen
 from .support.webhooks import Receiver, webhook_table
 
 StartBow = Callable[[Bow], Awaitable[Bow]]
@@ -34,24 +33,18 @@ async def receiver() -> AsyncIterator[Receiver]:
 
 
 @pytest.fixture
-async def gateways(
-    start_bow: StartBow, http: aiohttp.ClientSession, receiver: Receiver
-) -> AsyncIterator[Callable[..., Awaitable[Mixed]]]:
+def gateways(
+    serve_mixed: Callable[..., Awaitable[Mixed]], receiver: Receiver
+) -> Callable[..., Awaitable[Mixed]]:
     """``await gateways(**config)``: a gateway of every protocol sending every webhook type to
-    ``receiver`` (closed at the end)."""
-    made: list[Mixed] = []
+    ``receiver``, with a short ``presence.offline_grace``."""
 
     async def start(**config: Any) -> Mixed:
         config.setdefault("webhooks", [webhook_table(receiver.url)])
         config.setdefault("presence", {"offline_grace": GRACE})
-        bow = await start_bow(mixed_bow(base_config(**config)))
-        gateway = Mixed(f"instance {len(made)}", bow, http)
-        made.append(gateway)
-        return gateway
+        return await serve_mixed(**config)
 
-    yield start
-    for gateway in made:
-        await gateway.close()
+    return start
 
 
 def of_type(receiver: Receiver, kind: str) -> list[dict[str, Any]]:
