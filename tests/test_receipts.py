@@ -362,3 +362,31 @@ async def test_acknowledgements_asked_for_do_not_count_against_the_packet_rate(
         await next_seen(client)
     await asyncio.sleep(0.3)  # the last acknowledgements read
     assert client.alerts == [] and not client.disconnected.is_set()
+
+
+async def test_a_receipt_is_404_once_receipts_ttl_has_passed_after_its_end(
+    gateways: Callable[..., Awaitable[Mixed]],
+) -> None:
+    gateway = await gateways(receipts={"ttl": 0.5})
+    _, message_id, _ = await push(gateway, TO_FX, {"Bow-Receipt": "1"})
+    assert (await final(gateway, message_id))["state"] == "final"
+    await asyncio.sleep(1.0)  # the end (1 s after acceptance) plus the ttl, passed
+    assert (await receipt(gateway, message_id))[0] == 404
+
+
+async def test_every_message_of_a_batch_has_a_receipt(
+    gateways: Callable[..., Awaitable[Mixed]],
+) -> None:
+    gateway = await gateways()
+    client = await gateway.socketio("USER/1", FX)
+    batch = [{"name": "one", "audience": TO_FX}, {"name": "two", "audience": [{"__id": "X"}]}]
+    async with gateway.http.post(
+        gateway.url + PATH, json=batch, headers={**AUTH, "Bow-Receipt": "1"}
+    ) as response:
+        status, ids = response.status, response.headers.get("Bow-Message-Ids", "")
+    assert status == 204, status
+    first, second = ids.split(", ")
+    await next_seen(client)
+    one, two = await final(gateway, first), await final(gateway, second)
+    assert (one["delivered"], one["acked"]) == (1, 1)
+    assert (two["delivered"], two["listeners"]["missed"]) == (0, ["X"])
