@@ -257,3 +257,16 @@ async def test_an_instance_forgets_the_ids_whose_sockets_it_no_longer_holds(
     finally:
         await client.aclose()
     assert held == {b'"USER/2"'}
+
+
+async def test_bow_publish_with_a_fallback_sends_message_undelivered(
+    gateways: Callable[..., Awaitable[Mixed]], receiver: Receiver
+) -> None:
+    gateway = await gateways()
+    message_id, _ = await gateway.bow.publish(
+        {"name": "news", "audience": [{"__id": "USER/9"}]}, fallback=1
+    )
+    await eventually(lambda: bool(of_type(receiver, "message.undelivered")), "the fallback")
+    [undelivered] = of_type(receiver, "message.undelivered")
+    assert undelivered["message"]["id"] == message_id
+    assert undelivered["listeners"] == ["USER/9"]
