@@ -42,19 +42,27 @@ PUBLISH: Final = (
 -- (what precedes the topic), the number of histories T, then T times "max count,max age ms",
 -- then each event's history number (1..T; 0: not kept) and each event's length in bytes, both
 -- comma-separated, then the events' data end to end: four arguments for any number of events.
--- Then C, the number of idempotency claims (contract section 16), C times a claim's fingerprint,
--- window in ms and answer (their keys last among KEYS, in order), and (C > 0) each event's claim
--- number (1..C; 0: none), comma-separated. The events of a claim whose key is taken are not
--- appended: each answers '=' and what the key holds ("fingerprint position answer"); a claim
--- taken now keeps "fingerprint position-of-its-last-event answer" for its window.
+-- Then C, the number of idempotency claims (contract section 16), and (C > 0) each claim's
+-- "fingerprint window-in-ms answer", newline-separated (their keys last among KEYS, in order),
+-- and each event's claim number (1..C; 0: none), comma-separated: three arguments for any
+-- number. The events of a claim whose key is taken are not appended: each answers '=' and
+-- what the key holds ("fingerprint position answer"); a claim taken now keeps
+-- "fingerprint position-of-its-last-event answer" for its window.
 -- A kept event's data carries its sequence: {"q":N,...}. Each history takes its sequences in
 -- one HINCRBY and is trimmed once, by count and by age, after the write's events.
 -- Returns {epoch value, then per event its id and its sequence (0: not kept), or '=' and what
 -- its claim's key holds}.
 local claims = tonumber(ARGV[8 + tonumber(ARGV[4])])
 local claimed, taken, base = {}, {}, #KEYS - claims
+local fingerprints, windows, answers = {}, {}, {}
 if claims > 0 then
-  for c in string.gmatch(ARGV[9 + tonumber(ARGV[4]) + 3 * claims], '%d+') do
+  for fingerprint, window, answer in string.gmatch(ARGV[9 + tonumber(ARGV[4])],
+      '([^ \\n]+) (%d+) ([^\\n]+)') do
+    fingerprints[#fingerprints + 1] = fingerprint
+    windows[#windows + 1] = window
+    answers[#answers + 1] = answer
+  end
+  for c in string.gmatch(ARGV[10 + tonumber(ARGV[4])], '%d+') do
     claimed[#claimed + 1] = tonumber(c)
   end
   for c = 1, claims do taken[c] = redis.call('GET', KEYS[base + c]) end
@@ -140,9 +148,8 @@ for k = 1, histories do
 end
 for c = 1, claims do
   if not taken[c] and last_of[c] then
-    local at = 9 + histories + 3 * (c - 1)
-    local kept_value = ARGV[at] .. ' ' .. epoch .. '.' .. last_of[c] .. ' ' .. ARGV[at + 2]
-    redis.call('SET', KEYS[base + c], kept_value, 'PX', ARGV[at + 1])
+    local kept_value = fingerprints[c] .. ' ' .. epoch .. '.' .. last_of[c] .. ' ' .. answers[c]
+    redis.call('SET', KEYS[base + c], kept_value, 'PX', windows[c])
   end
 end
 return out

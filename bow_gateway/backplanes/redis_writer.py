@@ -188,18 +188,19 @@ class StreamWriter:
 
     def _claims(self, batch: list[_Group], keys: list[str]) -> list[Any]:
         """The script's claim arguments for ``batch`` (their keys appended to ``keys``)."""
-        args: list[Any] = []
+        claims: list[str] = []
         numbers: list[str] = []
         for group, _, claim in batch:
             if claim is None:
                 numbers += ["0"] * len(group)
                 continue
             keys.append(self._claim_prefix + claim.key)
-            args += [claim.fingerprint, max(1, round(claim.window * 1000)), claim.answer]
-            numbers += [str(len(args) // 3)] * len(group)
-        if not args:
+            window_ms = max(1, round(claim.window * 1000))
+            claims.append(f"{claim.fingerprint} {window_ms} {claim.answer}")
+            numbers += [str(len(claims))] * len(group)
+        if not claims:
             return [0]
-        return [len(args) // 3, *args, ",".join(numbers)]
+        return [len(claims), "\n".join(claims), ",".join(numbers)]
 
 
 def _taken(kept: bytes | str) -> AlreadyAccepted:
