@@ -231,10 +231,12 @@ class Listener:
         say(f"alert: {message}")
 
     async def on_connect_error(self, *data: Any) -> None:
-        # The gateway's reason comes as {"message": ...}: print the reason, not the dict.
+        # The gateway's reason comes as {"message": ...}: print the reason, not the dict. A
+        # plain string is python-socketio's own word for a gateway not reached: no refusal.
         self.refusal.extend(
             str(item["message"]) if isinstance(item, dict) and "message" in item else str(item)
             for item in data
+            if not isinstance(item, str)
         )
 
     async def on_disconnect(self, *reason: Any) -> None:
@@ -350,6 +352,8 @@ class Listener2(Listener):
 
     async def on_connect_error(self, *data: Any) -> None:
         for item in data:
+            if isinstance(item, str):
+                continue  # python-socketio's own word for a gateway not reached: no refusal
             if isinstance(item, dict) and "message" in item:
                 details = item.get("data")
                 code = f" ({coded(details)})" if isinstance(details, dict) else ""
