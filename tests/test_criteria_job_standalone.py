@@ -18,6 +18,7 @@ import pytest
 import redis
 from criteria_data import QUERY, churn, expected_criteria, generate, write_parquet
 
+from bow_gateway.core.audience_layout import IndexLayout
 from bow_gateway.core.criteria_snapshot import Layout, Live, id_field, parse_change
 from bow_gateway.job.config import load_job_config, parse_job_config
 from bow_gateway.job.spark import APP_NAME, executor_python
@@ -98,8 +99,16 @@ def snapshot(client: redis.Redis, namespace: str) -> dict[str, Any]:
     live = Live.from_json(client.get(layout.live_key))
     assert live is not None
 
+    # the audience index's generations, named in their order (the live one, one in its grace)
+    generations = sorted(
+        name.decode() for name in client.hkeys(IndexLayout(namespace).registry_key)
+    )
+
     def same(key: bytes) -> str:
-        return key.decode().replace(namespace, "NS").replace(live.snapshot, "SNAPSHOT")
+        text = key.decode().replace(namespace, "NS").replace(live.snapshot, "SNAPSHOT")
+        for number, generation in enumerate(generations):
+            text = text.replace(generation, f"GENERATION-{number}")
+        return text
 
     return {
         "keys": sorted(same(key) for key in client.scan_iter("*")),

@@ -36,7 +36,11 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"runtime": ("bow_gateway.runtime",)},
     {"backplanes": ("bow_gateway.backplanes",)},
     {"wire": ("bow_gateway.wire",)},
-    {"seams": ("bow_gateway.seams",), "webhooks": ("bow_gateway.webhooks",)},
+    # the connectors (section 20) are the webhook engine's destinations: its layer
+    {
+        "seams": ("bow_gateway.seams",),
+        "webhooks": ("bow_gateway.webhooks", "bow_gateway.connectors"),
+    },
     {
         "ingress": ("bow_gateway.ingress",),
         "outbound": ("bow_gateway.outbound",),

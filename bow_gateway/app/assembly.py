@@ -1,11 +1,13 @@
 """The parts ``Bow.start`` builds from its configuration and its registrations: the recovery
-window, the outbound with its settings, the topic histories and the clients' publish."""
+window, the outbound with its settings, the topic histories and the clients' publish, the
+webhook engine with its connectors."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 
 from ..backplanes import Backplane
+from ..connectors.webpush import webpush_from_config
 from ..core.enrichers import Enrichers
 from ..core.history import History
 from ..core.index import CriteriaIndex
@@ -17,8 +19,11 @@ from ..outbound import Settings, SocketOutbound
 from ..outbound.publishing import ClientPublish
 from ..outbound.receipts import Receipts
 from ..outbound.topic_replay import TopicHistory
+from ..runtime.audience_index import AudienceIndex
 from ..runtime.config import Config
 from ..runtime.metrics import Metrics
+from ..runtime.redis_client import redis_client
+from ..webhooks import Webhooks, webhooks_from_config
 
 
 def history_from(config: Config, backplane: Backplane) -> History:
@@ -30,6 +35,22 @@ def history_from(config: Config, backplane: Backplane) -> History:
         max_bytes=config.recovery_max_bytes,
         max_scan=config.recovery_max_scan,
     )
+
+
+def webhooks_from(config: Config, metrics: Metrics) -> Webhooks:
+    """Section 19's engine, with section 20's Web Push connector as a destination of its
+    ``message.undelivered`` events when ``[webpush]`` is configured."""
+    webpush = webpush_from_config(config, metrics)
+    return webhooks_from_config(config, metrics, () if webpush is None else (webpush,))
+
+
+def index_from(config: Config) -> AudienceIndex | None:
+    """The audience index's reader (section 20) in the gateway's Redis and namespace, where the
+    criteria job writes it; None without Redis."""
+    if config.redis is None:
+        return None
+    client = redis_client(config.redis, decode_responses=False)
+    return AudienceIndex(client, config.namespace)
 
 
 def settings_from(config: Config) -> Settings:

@@ -10,12 +10,14 @@ from typing import Any, Final
 from aiohttp import web
 
 from ..backplanes import Backplane
+from ..connectors.webpush import WebPush
 from ..core.plugins import HealthCheck, InboundPlugin
 from ..ingress.control import Control, check_inbound_paths
 from ..ingress.http_fast_path import FastRoute
 from ..ingress.inbound import Enrich, Handler, health_handler, message_handler
 from ..ingress.inbound_auth import BasicAuth
 from ..ingress.publisher import Publisher
+from ..ingress.push_subscriptions import add_push_subscription_routes
 from ..ingress.webhooks_control import add_webhook_routes
 from ..outbound import SocketOutbound
 from ..outbound.protocols import registered
@@ -64,6 +66,12 @@ def build_app(
     if webhooks is not None:  # GET .../webhooks/dead, POST .../webhooks/replay (section 19)
         add = lambda method, path, handler: auth.add(app, method, path, handler)  # noqa: E731
         add_webhook_routes(webhooks, config.api_prefix, config.inbound_timeout, add)
+        for connector in webhooks.connectors:  # .../push-subscriptions (section 20)
+            if isinstance(connector, WebPush):
+                subscriptions = connector.subscriptions
+                add_push_subscription_routes(
+                    subscriptions, config.api_prefix, config.inbound_timeout, add
+                )
     health = health_handler(serving, health_check, timeout=config.inbound_timeout)
     auth.add(app, "GET", HEALTH_PATH, health)
     if config.metrics_port is None:

@@ -22,6 +22,7 @@ from ..ingress.http_fast_path import FastPathServer, FastRoute
 from ..ingress.publisher import Publisher
 from ..outbound import SocketOutbound, normalise_version
 from ..outbound.consumer import Consumer
+from ..runtime.audience_index import AudienceIndex
 from ..runtime.config import Config, load_config
 from ..runtime.gc_freeze import (
     freeze_after_connects,
@@ -37,9 +38,9 @@ from ..webhooks import (
     Webhooks,
     online_from,
     receipt_events_from,
-    webhooks_from_config,
 )
-from .assembly import history_from, outbound_from
+from .assembly import history_from, index_from, outbound_from, webhooks_from
+from .probes import log_listeners, probe_loop_lag
 from .registry import Registry
 from .routes import METRICS_PATH, build_app
 from .webhooks_api import WebhooksApi
@@ -81,6 +82,7 @@ class Bow(WebhooksApi, Registry):
         self._embedded: EmbeddedPublish | None = None  # Bow.publish, once started
         self._webhooks: Webhooks | None = None  # section 19's engine, once started
         self._online: Online | None = None  # listener.online and .offline, when wanted
+        self._index: AudienceIndex | None = None  # section 20's reader, with Redis
 
     # -- control (contract section 9), once started ----------------------------------------
 
@@ -134,6 +136,11 @@ class Bow(WebhooksApi, Registry):
         """``POST /_bow/online``: ``{"online", "complete"}``, those of ``ids`` connected."""
         return await self._started_control().online(ids)
 
+    async def reach(self, audience: Any) -> dict[str, Any] | None:
+        """``POST /_bow/reach`` (section 20): ``{"listeners", "online", "generation",
+        "complete"}`` over the criteria job's audience index; None without one."""
+        return await self._started_control().reach(audience)
+
     def _started_control(self) -> Control:
         if self._control is None or self._stopping:
             raise RuntimeError("this Bow is not started")
@@ -154,7 +161,8 @@ class Bow(WebhooksApi, Registry):
         )
         await backplane.connect()
         self._backplane = backplane
-        self._webhooks = webhooks = webhooks_from_config(config, self.metrics)
+        self._webhooks = webhooks = webhooks_from(config, self.metrics)
+        self._index = index_from(config)
 
         async def publish(event: Event) -> str:
             return await backplane.publish(encode_event(event))
@@ -219,8 +227,8 @@ class Bow(WebhooksApi, Registry):
                 supervise(f"watcher of middleware {self._middleware_names[version]}", job)
         if config.log_interval:
             interval = config.log_interval
-            supervise("listener count", lambda: self._log_listeners(interval))
-        supervise("loop lag probe", self._probe_loop_lag)
+            supervise("listener count", lambda: log_listeners(outbound, interval))
+        supervise("loop lag probe", lambda: probe_loop_lag(self.metrics))
         supervise("position teller", outbound.delivery.tell_positions)
         supervise("session leases", outbound.sessions.renew)
         supervise("receipts", outbound.receipts.run)
@@ -236,14 +244,17 @@ class Bow(WebhooksApi, Registry):
         if online is not None:
             outbound.admission.arrivals = online
             self._supervisor.start("online and offline", online.run)
-        outbound.receipts.on_final = receipt_events_from(self.config, webhooks, backplane)
+        index = self._index
+        outbound.receipts.on_final = receipt_events_from(self.config, webhooks, backplane, index)
+        if index is not None:  # reports carry the audience; fallbacks keep every id reached
+            outbound.receipts.whole_base = self.config.fallback_max_listeners
 
     def _app(
         self, publish: Callable[[Event], Awaitable[str]], backplane: Backplane
     ) -> tuple[web.Application, dict[bytes, FastRoute]]:
         outbound = self._outbound
         assert outbound is not None
-        self._control = Control(self.config, publish, backplane)
+        self._control = Control(self.config, publish, backplane, self._index)
         config = self.config
         self._embedded = EmbeddedPublish(
             self._publisher.positions,
@@ -337,6 +348,9 @@ class Bow(WebhooksApi, Registry):
             self._online = None
         if self._webhooks is not None:
             await self._webhooks.stop()
+        if self._index is not None:
+            await self._index.client.aclose()
+            self._index = None
         runners, self._runners = self._runners, []
         for runner in runners:
             await runner.cleanup()
@@ -377,24 +391,3 @@ class Bow(WebhooksApi, Registry):
             # The backplane has ended its events: the consumer delivers what it holds, then ends.
             await self._consumer
             self._consumer = None
-
-    async def _probe_loop_lag(self, interval: float = 0.25, warn_above: float = 1.0) -> None:
-        """Measure how late the loop runs a timer; a stall over ``warn_above`` s is logged."""
-        loop = asyncio.get_running_loop()
-        while True:
-            due = loop.time() + interval
-            await asyncio.sleep(interval)
-            lag = max(0.0, loop.time() - due)
-            self.metrics.loop_lag_seconds.observe(lag)
-            if lag > warn_above:
-                logger.warning("the event loop stalled for %.2f s", lag)
-
-    async def _log_listeners(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            if self._outbound is not None:
-                logger.info(
-                    "%d listeners connected (%d sockets)",
-                    self._outbound.listener_count(),
-                    len(self._outbound.connections),
-                )

@@ -94,12 +94,37 @@ def _listed(ids: dict[str, ListenerId] | None, max_ids: int) -> list[ListenerId]
     return [ids[text] for text in sorted(ids)]
 
 
-def unreached(reports: Mapping[str, bytes]) -> list[ListenerId]:
-    """The ids named by the audience's ``__id`` queries that no instance reached: none of their
-    sockets acknowledged the message (protocol 2) or was delivered it (the others): those a
-    ``message.undelivered`` webhook lists (section 19)."""
+def unreached(
+    reports: Mapping[str, bytes], matching: Iterable[ListenerId] | None = None
+) -> list[ListenerId]:
+    """The ids that no instance reached (none of their sockets acknowledged the message, on
+    protocol 2, or was delivered it, on the others) among ``matching`` (the audience index's
+    listeners of the audience, section 20), or without it those the audience's ``__id``
+    queries name: those a ``message.undelivered`` webhook lists (section 19)."""
     documents = [orjson.loads(data) for data in reports.values()]
-    if not documents or documents[0]["n"] is None:
+    if not documents:
         return []
-    reached = {id_text(listener_id) for d in documents for listener_id in d["oi"] or ()}
-    return [i for i in documents[0]["n"] if id_text(i) not in reached]
+    if matching is None:
+        matching = documents[0]["n"]
+        if matching is None:
+            return []
+    reached = reached_texts(reports, documents)
+    return [i for i in matching if id_text(i) not in reached]
+
+
+def reached_texts(
+    reports: Mapping[str, bytes], documents: list[dict[str, Any]] | None = None
+) -> set[str]:
+    """The JSON texts of the ids any instance reached (acknowledged, or delivered where none
+    acknowledges)."""
+    if documents is None:
+        documents = [orjson.loads(data) for data in reports.values()]
+    return {id_text(listener_id) for d in documents for listener_id in d["oi"] or ()}
+
+
+def reported_audience(reports: Mapping[str, bytes]) -> list[Query] | None:
+    """The audience the reports carry (with the audience index), else None."""
+    for data in reports.values():
+        audience: list[Query] | None = orjson.loads(data).get("au")
+        return audience
+    return None

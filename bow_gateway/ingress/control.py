@@ -42,11 +42,13 @@ from ..core.message import (
     validate_message,
 )
 from ..core.receipts import merged_receipt
+from ..runtime.audience_index import AudienceIndex
 from ..runtime.config import Config
 from ..runtime.ratelimit import TokenBucket
 from .accepted import POSITION_HEADER, unavailable, unprocessable
 from .inbound import read_json
 from .presence import check_online, check_presence, merged_online, merged_presence
+from .reach import NO_INDEX, WholeBase
 
 logger = logging.getLogger("bow_gateway.control")
 
@@ -179,10 +181,17 @@ def summed(answers: Iterable[bytes], complete: bool, count_max_ids: int) -> dict
 class Control:
     """The control operations of one instance, for its HTTP endpoints and ``Bow``'s methods."""
 
-    def __init__(self, config: Config, publish: Publish, backplane: Backplane) -> None:
+    def __init__(
+        self,
+        config: Config,
+        publish: Publish,
+        backplane: Backplane,
+        index: AudienceIndex | None = None,
+    ) -> None:
         self._config = config
         self._publish = publish
         self._backplane = backplane
+        self.whole_base = WholeBase(index, self._count, max_ids=config.receipts_max_ids)
         rate = config.max_counts_per_second
         self._counts = TokenBucket(rate, max(1.0, rate))
         self._retry_after = max(1, math.ceil(1 / rate))
@@ -223,7 +232,15 @@ class Control:
         if not MESSAGE_ID.fullmatch(message_id):
             return None
         reports, live = await self._backplane.reports(message_id)
-        return merged_receipt(message_id, reports, live, max_ids=self._config.receipts_max_ids)
+        receipt = merged_receipt(message_id, reports, live, max_ids=self._config.receipts_max_ids)
+        if receipt is not None:
+            await self.whole_base.fill_missed(receipt, reports)
+        return receipt
+
+    async def reach(self, audience: Any) -> dict[str, Any] | None:
+        """``POST /_bow/reach`` (section 20): the listeners of the audience index matching
+        ``audience``, and how many of them are connected now; None without an index."""
+        return await self.whole_base.reach(self._check_count({"audience": audience}))
 
     async def _get_receipt(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -243,7 +260,7 @@ class Control:
         inbound_paths: Iterable[str],
         add_get: Callable[[str, Handler], None] | None = None,
     ) -> None:
-        """``POST {api.prefix}/criteria|disconnect|count|presence|online`` (405 for other
+        """``POST {api.prefix}/criteria|disconnect|count|presence|online|reach`` (405 for other
         methods), each through ``add_post(path, handler)`` (which puts it behind the inbounds'
         credentials), and ``GET {api.prefix}/receipts/{id}`` through ``add_get``."""
         prefix = self._config.api_prefix
@@ -255,6 +272,7 @@ class Control:
         add_post(f"{prefix}/count", self._handler(self._post_count, limited=True))
         add_post(f"{prefix}/presence", self._handler(self._post_presence, limited=True))
         add_post(f"{prefix}/online", self._handler(self._post_online, limited=True))
+        add_post(f"{prefix}/reach", self._handler(self._post_reach, limited=True))
 
     async def _kick(self, kick: KickEvent) -> str:
         if not kick.ids:
@@ -307,6 +325,12 @@ class Control:
 
     async def _post_online(self, body: Any) -> web.Response:
         result = await self._online(check_online(body))
+        return web.Response(body=dumps(result), content_type="application/json")
+
+    async def _post_reach(self, body: Any) -> web.Response:
+        result = await self.whole_base.reach(self._check_count(body))
+        if result is None:
+            raise web.HTTPNotFound(text=NO_INDEX)
         return web.Response(body=dumps(result), content_type="application/json")
 
     async def _post_criteria(self, body: Any) -> web.Response:

@@ -41,6 +41,9 @@
     grace_seconds = 60
     lock_seconds = 60
     state_dir = "/var/lib/bow-gateway/criteria-state"   # needed by --incremental
+
+    [index]                            # optional: the audience index (docs/criteria-job.md)
+    enabled = true
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ class JobConfig:
     lock_seconds: float = 60.0
     state_dir: str | None = None
     notify_chunk: int = 1000
+    index_enabled: bool = True
 
     @property
     def jars(self) -> list[str]:
@@ -124,7 +128,7 @@ def parse_job_config(
     document: Mapping[str, Any], environ: Mapping[str, str] = os.environ, base: Path | None = None
 ) -> JobConfig:
     """Check a parsed job file (relative paths are taken from ``base``)."""
-    _only(document, "", {"redis", "spark", "inputs", "criteria", "snapshot"})
+    _only(document, "", {"redis", "spark", "inputs", "criteria", "snapshot", "index"})
     redis = _table(document, "redis")
     _only(redis, "redis.", {"url", "url_env", "connection", "password_env", "namespace"})
     settings = _redis_settings(redis, environ)
@@ -154,6 +158,10 @@ def parse_job_config(
             "notify_chunk",
         },
     )
+    index = _table(document, "index")
+    _only(index, "index.", {"enabled"})
+    if not isinstance(index.get("enabled", True), bool):
+        raise ConfigError("index.enabled: must be true or false")
     return JobConfig(
         redis=settings,
         namespace=_str(redis, "namespace", "redis.namespace", required=False) or "bow",
@@ -168,6 +176,7 @@ def parse_job_config(
         lock_seconds=_number(snapshot, "lock_seconds", 60.0, 3),
         state_dir=_optional_path(snapshot, "state_dir", "snapshot.state_dir", base),
         notify_chunk=_number(snapshot, "notify_chunk", 1000, 1, integer=True),
+        index_enabled=index.get("enabled", True),
     )
 
 

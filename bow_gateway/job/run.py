@@ -31,6 +31,7 @@ from .checks import (
 )
 from .checks import CriteriaJobError as CriteriaJobError
 from .config import Input, JobConfig
+from .index import audience_index
 from .spark import exists, short, spark_failure, sweep_states
 from .writing import CLIENT_DEFAULTS, abandon, save_state, warn_listpack, write_rows
 
@@ -187,28 +188,29 @@ def _locked_run(
             if codes is not None:
                 coded = [f"{k} {len(t)}" for k, t in zip(keys, codes, strict=True) if t]
                 progress(f"codes for the frequent strings of {', '.join(coded)}")
-        shaped = shape(prepared, kinds, codes, digest=incremental)
-        if incremental:
-            assert live is not None and live.state is not None
-            # its rows are made as the writers take them, their sizes unknown beforehand
-            size_batches(spark, config, None)
-            return _incremental(config, spark, store, shaped, live, read, progress, started)
-        digests = prepared.select("field", digest_of(kinds).alias("digest"))
-        longest_id = measured["field"] or 0
-        return _full(
-            config,
-            spark,
-            store,
-            shaped,
-            digests,
-            live,
-            keys,
-            codes,
-            read,
-            longest_id,
-            progress,
-            started,
-        )
+        with audience_index(config, spark, store, prepared, columns, incremental, progress):
+            shaped = shape(prepared, kinds, codes, digest=incremental)
+            if incremental:
+                assert live is not None and live.state is not None
+                # its rows are made as the writers take them, their sizes unknown beforehand
+                size_batches(spark, config, None)
+                return _incremental(config, spark, store, shaped, live, read, progress, started)
+            digests = prepared.select("field", digest_of(kinds).alias("digest"))
+            longest_id = measured["field"] or 0
+            return _full(
+                config,
+                spark,
+                store,
+                shaped,
+                digests,
+                live,
+                keys,
+                codes,
+                read,
+                longest_id,
+                progress,
+                started,
+            )
     finally:
         prepared.unpersist()
 
@@ -366,7 +368,7 @@ def _incremental(
     progress(f"{stats['listeners']:,} changed, {stats['removed']:,} removed and notified")
     warn_listpack(store, stats, config, progress)
     state = save_state(spark, new, config, live.snapshot)
-    store.update_live(replace(live, state=state))
+    store.update_live(replace(live, state=state), index=True)
     assert config.state_dir is not None
     sweep_states(spark, config.state_dir, keep=state)
     return Summary(

@@ -19,6 +19,7 @@ from typing import Any, Final
 
 import redis
 
+from ..core.audience_layout import IndexLayout
 from ..core.criteria_snapshot import Layout, Live, snapshot_message
 from ..runtime.redis_client import SyncClient
 
@@ -41,11 +42,15 @@ return 0
 _SET_IF_LOCKED: Final = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[2])
+if #KEYS > 2 then
+  if ARGV[5] == '' then redis.call('DEL', KEYS[3]) else redis.call('SET', KEYS[3], ARGV[5]) end
+end
 if ARGV[3] ~= '' then redis.call('PUBLISH', ARGV[3], ARGV[4]) end
 return 1
 """
 """Set the live pointer while the lock is ours, and notify in the same step (PUBLISH with a
-channel name is allowed in a script on a Redis Cluster: channels are not keys)."""
+channel name is allowed in a script on a Redis Cluster: channels are not keys); with a third key,
+the audience index's pointer is set (or deleted, for an empty value) in the same step."""
 
 
 class LockHeld(RuntimeError):
@@ -67,6 +72,8 @@ class SnapshotStore:
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self.lost = False
+        self.index_pointer: str | None = None
+        """The audience index pointer to switch with the criteria ("": delete it), if any."""
 
     # -- the lock -------------------------------------------------------------------------------
 
@@ -103,10 +110,15 @@ class SnapshotStore:
                 self.lost = True
                 return
 
-    def _set_if_locked(self, key: str, value: str, channel: str = "", message: str = "") -> None:
-        if self.lost or not self.client.eval(
-            _SET_IF_LOCKED, 2, self.layout.lock_key, key, self.token, value, channel, message
-        ):
+    def _set_if_locked(
+        self, key: str, value: str, channel: str = "", message: str = "", index: bool = False
+    ) -> None:
+        keys = [self.layout.lock_key, key]
+        arguments = [self.token, value, channel, message]
+        if index and self.index_pointer is not None:
+            keys.append(IndexLayout(self.layout.namespace).pointer_key)
+            arguments.append(self.index_pointer)
+        if self.lost or not self.client.eval(_SET_IF_LOCKED, len(keys), *keys, *arguments):
             self.lost = True
             raise LockLost(
                 f"the lock {self.layout.lock_key} expired while this job ran (was it paused?):"
@@ -163,6 +175,7 @@ class SnapshotStore:
             live.to_json(),
             self.layout.changes_channel,
             snapshot_message(live.snapshot),
+            index=True,
         )
         try:
             entry = {"buckets": live.buckets, "status": LIVE, "since": time.time()}
@@ -185,9 +198,10 @@ class SnapshotStore:
         }
         self.client.hset(self.layout.registry_key, previous.snapshot, json.dumps(entry))
 
-    def update_live(self, live: Live) -> None:
-        """Point at new job state for the same snapshot (after an incremental run)."""
-        self._set_if_locked(self.layout.live_key, live.to_json())
+    def update_live(self, live: Live, *, index: bool = False) -> None:
+        """Point at new job state for the same snapshot (after an incremental run); ``index``:
+        switch the audience index too (:attr:`index_pointer`)."""
+        self._set_if_locked(self.layout.live_key, live.to_json(), index=index)
 
     def _each_key(self, snapshot: str, buckets: int, command: str, *args: Any) -> list[Any]:
         replies: list[Any] = []

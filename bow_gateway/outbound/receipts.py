@@ -54,6 +54,7 @@ class Tracked:
         "ack_id",
         "acked",
         "acked_ids",
+        "audience",
         "delivered",
         "delivered_ids",
         "dirty",
@@ -63,9 +64,12 @@ class Tracked:
         "named",
         "position",
         "reached",
+        "reached_bound",
     )
 
-    def __init__(self, event: MessageEvent, position: str, ack_id: int, max_ids: int) -> None:
+    def __init__(
+        self, event: MessageEvent, position: str, ack_id: int, max_ids: int, whole_base: int = 0
+    ) -> None:
         self.event = event
         self.position = position
         self.ack_id = ack_id
@@ -78,8 +82,19 @@ class Tracked:
         self.acked_ids: dict[IdKey, ListenerId] | None = {}
         named = named_ids(event.message.audience)
         self.named = None if len(named) > max_ids else {id_key(i): i for i in named}
-        self.reached: dict[IdKey, ListenerId] = {}  # named ids acknowledged, or delivered (no ack)
+        # ids acknowledged, or delivered (no ack): the named ones, or (a fallback with the
+        # audience index) any, up to ``reached_bound``
+        self.reached: dict[IdKey, ListenerId] = {}
+        self.reached_bound = whole_base if event.fallback else 0
+        self.audience = event.message.audience if whole_base else None
         self.dirty = True
+
+    def reach(self, key: IdKey, listener_id: ListenerId) -> None:
+        """``listener_id`` was reached (acknowledged, or delivered where none acknowledges)."""
+        if (self.named is not None and key in self.named) or (
+            len(self.reached) < self.reached_bound
+        ):
+            self.reached[key] = listener_id
 
     def report(self, final: bool, ttl: float) -> Report:
         document = {
@@ -95,6 +110,8 @@ class Tracked:
             "n": _ids(self.named),
             "f": final,
         }
+        if self.audience is not None:  # for the receipt's missed over the audience index
+            document["au"] = self.audience
         return Report(self.event.id, dumps(document), self.ends + ttl)
 
 
@@ -110,7 +127,8 @@ class Receipts:
     """The receipts this instance tracks: at most ``max_open`` at once (a message past that is
     delivered without one, and a warning says so), each id list cut off at ``max_ids`` (then
     ``null``; counts stay exact), reports kept ``ttl`` seconds after the end, flushed every
-    ``flush_every`` seconds."""
+    ``flush_every`` seconds. ``whole_base`` (with the audience index, section 20): reports
+    carry the audience, and a fallback's reached ids are kept up to that many."""
 
     def __init__(
         self,
@@ -121,12 +139,14 @@ class Receipts:
         max_open: int = 100_000,
         flush_every: float = 0.25,
         on_final: Final_ | None = None,
+        whole_base: int = 0,
     ) -> None:
         self._report = report or _unreported
         self._max_ids = max_ids
         self._ttl = ttl
         self._max_open = max_open
         self._flush_every = flush_every
+        self.whole_base = whole_base  # set by the app once it knows of an audience index
         self.on_final = on_final  # set by the app once its webhooks exist
         self._open: dict[int, Tracked] = {}  # by acknowledgement id
         self._ack_ids = itertools.count(1)
@@ -142,7 +162,7 @@ class Receipts:
                 event.id,
             )
             return None
-        tracked = Tracked(event, position, next(self._ack_ids), self._max_ids)
+        tracked = Tracked(event, position, next(self._ack_ids), self._max_ids, self.whole_base)
         if tracked.ends <= time.time():
             return None  # read after its end (a lagging instance): nothing to report
         tracked.matched = matched
@@ -162,8 +182,8 @@ class Receipts:
             ids[key] = listener_id
             if len(ids) > self._max_ids:
                 tracked.delivered_ids = None
-        if not acknowledges and tracked.named is not None and key in tracked.named:
-            tracked.reached[key] = listener_id
+        if not acknowledges:
+            tracked.reach(key, listener_id)
 
     def acknowledged(self, connection: Connection, ack_id: int) -> bool:
         """``connection`` acknowledged the event it got under ``ack_id``: counted once, if it
@@ -185,8 +205,7 @@ class Receipts:
             ids[key] = listener_id
             if len(ids) > self._max_ids:
                 tracked.acked_ids = None
-        if tracked.named is not None and key in tracked.named:
-            tracked.reached[key] = listener_id
+        tracked.reach(key, listener_id)
         return True
 
     async def run(self) -> None:

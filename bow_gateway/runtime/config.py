@@ -13,6 +13,7 @@ from marshmallow import ValidationError
 from ..core.criteria import error_text
 from ..core.retention import HistoryRule, history_rules
 from ..core.webhook_settings import Webhook, webhook_settings
+from ..core.webpush_settings import WebPushSettings, webpush_settings
 from .config_schema import _ConfigSchema
 from .protocol_paths import declared
 
@@ -96,10 +97,15 @@ class Config:
     """Ids a receipt lists (``receipts.max_ids``); past it a list is ``null``."""
     receipts_ttl: float = 3_600.0
     """Seconds a receipt is kept after its end (``receipts.ttl``)."""
+    fallback_max_listeners: int = 1_000_000
+    """Listeners of the audience index a fallback's ``message.undelivered`` lists at most
+    (``fallback.max_listeners``); its events say how many more were left out."""
     webhooks: tuple[Webhook, ...] = ()
     """The ``[[webhooks]]`` receivers (section 19)."""
     offline_grace: float = 5.0
     """``presence.offline_grace``: seconds an id's last socket may be gone before it is offline."""
+    webpush: WebPushSettings | None = None
+    """The ``[webpush]`` connector's settings (section 20), or None: no connector."""
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.https is None or isinstance(self.https, ssl.SSLContext):
@@ -119,13 +125,13 @@ def load_config(raw: Mapping[str, Any]) -> Config:
     if raw.get("middleware") is None:
         raw.pop("middleware", None)
     # their defaults come from loading an empty table
-    for section in ("recovery", "api", "presence", "receipts"):
+    for section in ("recovery", "api", "presence", "receipts", "fallback", "webpush"):
         raw.setdefault(section, {})
     try:
         data = _ConfigSchema().load(raw)
     except ValidationError as error:
         raise ValueError("invalid configuration: " + error_text(error.messages)) from None
-    history, webhooks = _tables(data)
+    history, webhooks, webpush = _tables(data)
     log_interval = data["middleware"].get("log_interval")
     return Config(
         port=data["port"],
@@ -186,14 +192,19 @@ def load_config(raw: Mapping[str, Any]) -> Config:
         max_anonymous=data["outbound"]["max_anonymous"],
         receipts_max_ids=data["receipts"]["max_ids"],
         receipts_ttl=data["receipts"]["ttl"],
+        fallback_max_listeners=data["fallback"]["max_listeners"],
         webhooks=webhooks,
         offline_grace=data["presence"]["offline_grace"],
+        webpush=webpush,
     )
 
 
-def _tables(data: Mapping[str, Any]) -> tuple[tuple[HistoryRule, ...], tuple[Webhook, ...]]:
-    """The ``[[history]]`` and ``[[webhooks]]`` tables, checked."""
+def _tables(
+    data: Mapping[str, Any],
+) -> tuple[tuple[HistoryRule, ...], tuple[Webhook, ...], WebPushSettings | None]:
+    """The ``[[history]]``, ``[[webhooks]]`` and ``[webpush]`` tables, checked."""
     try:
-        return tuple(history_rules(data["history"])), webhook_settings(data["webhooks"])
+        history = tuple(history_rules(data["history"]))
+        return history, webhook_settings(data["webhooks"]), webpush_settings(data["webpush"])
     except ValueError as error:
         raise ValueError(f"invalid configuration: {error}") from None

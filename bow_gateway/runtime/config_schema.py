@@ -244,6 +244,36 @@ class _ReceiptsSchema(Schema):
     )
 
 
+class _FallbackSchema(Schema):
+    max_listeners = fields.Integer(
+        load_default=1_000_000, validate=validate.Range(min=1, max=100_000_000)
+    )
+
+
+class _WebPushSchema(Schema):
+    """``[webpush]`` (section 20): types and ranges here; the key and the subject are checked by
+    :func:`bow_gateway.core.webpush_settings.webpush_settings`."""
+
+    vapid_private_key = fields.String(load_default=None, allow_none=True)
+    vapid_private_key_env = fields.String(load_default=None, allow_none=True)
+    subject = fields.String(load_default=None, allow_none=True)
+    ttl = fields.Integer(
+        load_default=86_400,
+        validate=validate.Range(min=0, max=2_419_200, error="must be from {min} to {max} seconds"),
+    )
+    max_subscriptions_per_listener = fields.Integer(
+        load_default=10, validate=validate.Range(min=1, max=1_000)
+    )
+    max_subscriptions = fields.Integer(load_default=1_000_000, validate=validate.Range(min=1))
+    timeout = fields.Float(
+        load_default=10.0,
+        validate=validate.Range(min=0, min_inclusive=False, max=300, error="must be in (0, 300]"),
+    )
+    max_attempts = fields.Integer(load_default=8, validate=validate.Range(min=1, max=100))
+    max_concurrency = fields.Integer(load_default=16, validate=validate.Range(min=1, max=1_000))
+    allow_http_loopback = fields.Boolean(load_default=False)
+
+
 class _ConfigSchema(Schema):
     port = fields.Integer(required=True, validate=validate.Range(min=0, max=65535))
     host = fields.String(load_default="0.0.0.0", validate=NON_EMPTY)
@@ -270,4 +300,6 @@ class _ConfigSchema(Schema):
     history = fields.Raw(load_default=list)
     presence = fields.Nested(_PresenceSchema, load_default=dict)
     receipts = fields.Nested(_ReceiptsSchema, load_default=dict)
+    fallback = fields.Nested(_FallbackSchema, load_default=dict)
     webhooks = fields.Raw(load_default=list)  # checked by core.webhook_settings
+    webpush = fields.Nested(_WebPushSchema, load_default=dict)  # and core.webpush_settings

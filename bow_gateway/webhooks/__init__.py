@@ -4,10 +4,14 @@ gateway uses; :mod:`.store_redis` documents the Redis layout other scripts appen
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..backplanes import Backplane
 from ..core.webhook_settings import EVENT_TYPES, Webhook
+from ..runtime.audience_index import AudienceIndex
 from ..runtime.config import Config
 from ..runtime.metrics import Metrics
+from .connectors import Connector
 from .events import WebhookEvent
 from .online import OFFLINE, ONLINE, MemoryOnline, Online, RedisOnline
 from .receipt_events import ReceiptEvents
@@ -16,6 +20,7 @@ from .store_memory import MemoryWebhookStore
 
 __all__ = [
     "EVENT_TYPES",
+    "Connector",
     "Online",
     "ReceiptEvents",
     "Webhook",
@@ -27,11 +32,14 @@ __all__ = [
 ]
 
 
-def webhooks_from_config(config: Config, metrics: Metrics) -> Webhooks:
-    """The webhooks of ``config``: stored in Redis when the gateway has it (the backplane's
-    settings and namespace), in this process otherwise, or without webhooks."""
-    if config.redis is None or not config.webhooks:
-        return Webhooks(config.webhooks, MemoryWebhookStore(), metrics)
+def webhooks_from_config(
+    config: Config, metrics: Metrics, connectors: Sequence[Connector] = ()
+) -> Webhooks:
+    """The webhooks of ``config`` and the ``connectors`` beside them: stored in Redis when the
+    gateway has it (the backplane's settings and namespace), in this process otherwise, or
+    without webhooks nor connectors."""
+    if config.redis is None or not (config.webhooks or connectors):
+        return Webhooks(config.webhooks, MemoryWebhookStore(), metrics, connectors=connectors)
     from .store_redis import RedisWebhookStore  # redis-py only for a gateway that uses it
 
     store = RedisWebhookStore(
@@ -39,7 +47,7 @@ def webhooks_from_config(config: Config, metrics: Metrics) -> Webhooks:
         namespace=config.namespace,
         write_timeout=float(config.backplane.get("publish_timeout", 2.0)),
     )
-    return Webhooks(config.webhooks, store, metrics)
+    return Webhooks(config.webhooks, store, metrics, connectors=connectors)
 
 
 def online_from(config: Config, webhooks: Webhooks, backplane: Backplane) -> Online | None:
@@ -68,11 +76,16 @@ def online_from(config: Config, webhooks: Webhooks, backplane: Backplane) -> Onl
 
 
 def receipt_events_from(
-    config: Config, webhooks: Webhooks, backplane: Backplane
+    config: Config, webhooks: Webhooks, backplane: Backplane, index: AudienceIndex | None = None
 ) -> ReceiptEvents | None:
     """What stores ``message.receipt`` and ``message.undelivered`` once a receipt is final
-    (None: no webhook takes them)."""
+    (None: no webhook takes them); with the audience ``index``, over the whole base."""
     events = ReceiptEvents(
-        backplane, webhooks, max_ids=config.receipts_max_ids, ttl=config.receipts_ttl
+        backplane,
+        webhooks,
+        max_ids=config.receipts_max_ids,
+        ttl=config.receipts_ttl,
+        index=index,
+        max_listeners=config.fallback_max_listeners,
     )
     return events if events.wanted() else None

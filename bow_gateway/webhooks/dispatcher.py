@@ -16,6 +16,7 @@ from ..backplanes import BackplaneUnavailable
 from ..core.webhook_settings import Webhook
 from ..runtime.metrics import Metrics
 from ..runtime.ratelimit import rate_limited
+from .connectors import Connector
 from .sender import Sender
 from .store import Finished, Stored, WebhookStore, dead_letter
 
@@ -38,7 +39,7 @@ class _Job:
 class Dispatcher:
     """One term of delivering: :meth:`run` until cancelled, then :meth:`close`. At most
     ``max_inflight`` entries are held in memory; ``tick`` s between looks at the overflow and
-    the queue's depth."""
+    the queue's depth. ``connectors`` come after the webhooks, delivering on their own."""
 
     def __init__(
         self,
@@ -47,11 +48,14 @@ class Dispatcher:
         sender: Sender,
         metrics: Metrics,
         *,
+        connectors: Sequence[Connector] = (),
         max_inflight: int = 10_000,
         tick: float = 1.0,
     ) -> None:
         self._store = store
-        self._webhooks = list(webhooks)
+        self._webhooks: list[Webhook | Connector] = [*webhooks, *connectors]
+        self._connectors = list(connectors)
+        self._connectors_from = len(webhooks)  # the index of the first connector
         self._sender = sender
         self._metrics = metrics
         self._max_inflight = max_inflight
@@ -138,10 +142,14 @@ class Dispatcher:
     async def _deliver(self, job: _Job) -> None:
         entry, webhook = job.entry, self._webhooks[job.index]
         webhook_id = entry.webhook_id_for(webhook.tag)
-        outcome = await self._sender.deliver(job.index, webhook_id, job.body)
+        if job.index < self._connectors_from:
+            outcome = await self._sender.deliver(job.index, webhook_id, job.body)
+        else:
+            connector = self._connectors[job.index - self._connectors_from]
+            outcome = await connector.deliver(webhook_id, entry.event)
         letter = None
         if not outcome.delivered:
-            self._metrics.webhook_dead_letters.labels(str(job.index)).inc()
+            self._metrics.webhook_dead_letters.labels(self._label(job.index)).inc()
             logger.warning(
                 "webhook %d (%s): %s is a dead letter after %d attempts: %s",
                 job.index, webhook.shown_url, webhook_id, outcome.attempts, outcome.last_error,
@@ -157,6 +165,10 @@ class Dispatcher:
             )
         self._over(Finished(entry.id, webhook.tag, job.targets, letter))
         self._next_of(job)
+
+    def _label(self, index: int) -> str:
+        """The ``webhook`` label of the metrics: a webhook's index, a connector's tag."""
+        return str(index) if index < self._connectors_from else self._webhooks[index].tag
 
     def _next_of(self, job: _Job) -> None:
         """The next delivery of ``job``'s key to its webhook, if one waits."""
@@ -211,7 +223,7 @@ class Dispatcher:
         for entry in overflowed:
             for index, webhook in enumerate(self._webhooks):
                 if entry.event.type in webhook.events:
-                    self._metrics.webhook_dead_letters.labels(str(index)).inc()
+                    self._metrics.webhook_dead_letters.labels(self._label(index)).inc()
                     letters.append(
                         dead_letter(
                             entry.webhook_id_for(webhook.tag),

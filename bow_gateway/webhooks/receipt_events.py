@@ -19,7 +19,9 @@ import orjson
 from ..backplanes import Backplane
 from ..core.criteria import ListenerId
 from ..core.message import MessageEvent
-from ..core.receipts import merged_receipt, unreached
+from ..core.receipts import merged_receipt
+from ..runtime.audience_index import AudienceIndex
+from ..runtime.whole_base import fill_missed, undelivered
 from .events import WebhookEvent
 from .service import Webhooks
 
@@ -41,6 +43,8 @@ class ReceiptEvents:
         ttl: float = 3_600.0,
         give_up_after: float = 5.0,
         every: float = 0.25,
+        index: AudienceIndex | None = None,
+        max_listeners: int = 1_000_000,
     ) -> None:
         self._backplane = backplane
         self._webhooks = webhooks
@@ -48,6 +52,8 @@ class ReceiptEvents:
         self._ttl = ttl
         self._give_up_after = give_up_after
         self._every = every
+        self._index = index  # with it, missed and undelivered cover the whole base (section 20)
+        self._max_listeners = max_listeners
         self._owner = secrets.token_hex(8)
 
     def wanted(self) -> bool:
@@ -68,21 +74,30 @@ class ReceiptEvents:
         lease = f"receipt-events:{message_id}"
         if not await self._backplane.hold(lease, self._owner, self._ttl):
             return  # another instance stores them
-        events = [WebhookEvent(RECEIPT, receipt)] if self._webhooks.wants(RECEIPT) else []
+        events: list[WebhookEvent] = []
+        if self._webhooks.wants(RECEIPT):
+            if self._index is not None:
+                await fill_missed(self._index, receipt, reports, self._max_ids)
+            events.append(WebhookEvent(RECEIPT, receipt))
         if event.fallback and self._webhooks.wants(UNDELIVERED):
-            events += undelivered_events(event, unreached(reports))
+            missed, left_out = await undelivered(self._index, reports, self._max_listeners)
+            events += undelivered_events(event, missed, left_out)
         await self._webhooks.emit(events)
 
 
-def undelivered_events(event: MessageEvent, missed: Sequence[ListenerId]) -> list[WebhookEvent]:
+def undelivered_events(
+    event: MessageEvent, missed: Sequence[ListenerId], left_out: int = 0
+) -> list[WebhookEvent]:
     """``message.undelivered`` for ``missed``, at most :data:`MAX_LISTENERS` an event; none
-    when nobody missed it."""
+    when nobody missed it. ``left_out``: matching listeners past ``fallback.max_listeners``,
+    which every event of the message tells (``"left_out"``)."""
     message = event.message
     about: dict[str, Any] = {"id": event.id, "name": message.name, "payload": message.payload}
+    more = {"left_out": left_out} if left_out else {}
     return [
         WebhookEvent(
             UNDELIVERED,
-            {"message": about, "listeners": list(missed[start : start + MAX_LISTENERS])},
+            {"message": about, "listeners": list(missed[start : start + MAX_LISTENERS]), **more},
         )
         for start in range(0, len(missed), MAX_LISTENERS)
     ]

@@ -14,6 +14,7 @@ from typing import Any, Final
 from ..backplanes import BackplaneUnavailable
 from ..core.webhook_settings import Webhook
 from ..runtime.metrics import Metrics
+from .connectors import Connector
 from .dispatcher import Dispatcher
 from .events import WebhookEvent, check_event
 from .sender import Sender
@@ -32,7 +33,8 @@ class Webhooks:
     """The webhooks of one instance. ``supervise(name, job)`` runs the delivering job (the
     gateway's :class:`~bow_gateway.runtime.supervisor.Supervisor`); ``renew_every`` s between
     looks at the lease; ``backoff_base``/``backoff_cap`` shape the retries; at most
-    ``max_inflight`` entries are held in memory while delivering."""
+    ``max_inflight`` entries are held in memory while delivering. ``connectors`` are destinations
+    beside the webhooks (:mod:`.connectors`), their events stored and delivered the same way."""
 
     def __init__(
         self,
@@ -40,6 +42,7 @@ class Webhooks:
         store: WebhookStore,
         metrics: Metrics,
         *,
+        connectors: Sequence[Connector] = (),
         renew_every: float = 3.0,
         backoff_base: float = 1.0,
         backoff_cap: float = 300.0,
@@ -47,9 +50,11 @@ class Webhooks:
         tick: float = 1.0,
     ) -> None:
         self.webhooks = tuple(webhooks)
+        self.connectors = tuple(connectors)
         self.store = store
         self._metrics = metrics
-        self._types = frozenset(t for webhook in webhooks for t in webhook.events)
+        targets: list[Webhook | Connector] = [*webhooks, *connectors]
+        self._types = frozenset(t for target in targets for t in target.events)
         self._renew_every = renew_every
         self._sender = Sender(webhooks, metrics, backoff_base=backoff_base, backoff_cap=backoff_cap)
         self._max_inflight = max_inflight
@@ -72,10 +77,12 @@ class Webhooks:
             await self.store.append(wanted)
 
     async def start(self, supervise: Supervise) -> None:
-        """Start delivering, under ``supervise``; nothing without webhooks."""
-        if not self.webhooks or self._task is not None:
+        """Start delivering, under ``supervise``; nothing without webhooks or connectors."""
+        if not (self.webhooks or self.connectors) or self._task is not None:
             return
         await self._sender.start()
+        for connector in self.connectors:
+            await connector.start()
         self._task = supervise(TASK, self._lead)
 
     async def stop(self) -> None:
@@ -87,6 +94,8 @@ class Webhooks:
             await asyncio.gather(task, return_exceptions=True)
             await self.store.release()
             await self._sender.close()
+        for connector in self.connectors:  # started or not: a store of its own to close
+            await connector.close()
         await self.store.close()
 
     async def dead(self, limit: Any = 100) -> list[dict[str, Any]]:
@@ -117,6 +126,7 @@ class Webhooks:
                 self.webhooks,
                 self._sender,
                 self._metrics,
+                connectors=self.connectors,
                 max_inflight=self._max_inflight,
                 tick=self._tick,
             )
