@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -102,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--job-root", metavar="DIR", help="run the job of another checkout (its .venv)"
     )
+    parser.add_argument(
+        "--index-ab",
+        type=int,
+        default=0,
+        metavar="PAIRS",
+        help="only full Parquet runs with and without the audience index, alternating, PAIRS"
+        " of each: the wall time ratio and the index's bytes per listener-criterion pair",
+    )
     return parser
 
 
@@ -120,6 +129,9 @@ def main() -> None:
         print(f"redis-benchmark -P 64 -t set (distinct keys): {ceiling:,.0f} SETs/s", flush=True)
         bench = Bench(args, jobs, work, server.url, client, args.class_archive)
         dataset, small_file = make_data(bench)
+        if args.index_ab:
+            index_ab(bench, args.index_ab)
+            return
         full, used, from_pg = full_runs(bench, dataset)
         touched, incremental = incremental_run(bench, dataset, from_pg)
         client.delete(Layout(NAMESPACE).live_key)  # a fresh start for the small run
@@ -257,6 +269,48 @@ def wide_run(bench: Bench, wide_listeners: int) -> dict[str, Any]:
     wide_file = bench.job_file("wide", inputs, work / "wide-state", data.WIDE_QUERY)
     bench.run(f"full, wide {wide_listeners:,}, Parquet", wide_file)
     return memory(client, wide_baseline, wide_listeners)
+
+
+def index_ab(bench: Bench, pairs: int) -> None:
+    """Full runs from Parquet with the audience index and without, alternating: their wall
+    times, and the index's Redis memory per listener-criterion pair."""
+    from bow_gateway.core.audience_layout import IndexLayout, IndexPointer
+
+    client, work = bench.client, bench.work
+    with_index = bench.job_file("indexed", parquet_inputs(work / "parquet"), work / "ab-state")
+    without = work / "unindexed.toml"
+    without.write_text(with_index.read_text() + "[index]\nenabled = false\n")
+    walls: dict[bool, list[float]] = {True: [], False: []}
+    per_pair: list[float] = []
+    for turn in range(2 * pairs):
+        indexed = turn % 2 == 0
+        client.flushall()
+        baseline = int(client.info("memory")["used_memory"])
+        result = bench.run("full, Parquet, " + ("with" if indexed else "without") + " the index",
+                           with_index if indexed else without)  # fmt: skip
+        walls[indexed].append(result["wall"])
+        if indexed:
+            layout = IndexLayout(NAMESPACE)
+            pointer = IndexPointer.from_json(client.get(layout.pointer_key))
+            assert pointer is not None
+            used = sum(
+                int(client.memory_usage(key, samples=0) or 0)
+                for key in client.scan_iter(match=layout.prefix(pointer.generation) + "*")
+            )
+            per_pair.append(used / max(1, pointer.members))
+            grew = int(client.info("memory")["used_memory"]) - baseline
+            print(
+                f"  index: {pointer.members:,} listener-criterion pairs in {pointer.pairs:,}"
+                f" bitmaps, {used / 1e6:.1f} MB (MEMORY USAGE): {per_pair[-1]:.2f} B per pair;"
+                f" used_memory grew {grew / 1e6:.1f} MB in all (criteria too)",
+                flush=True,
+            )
+    ratio = statistics.median(walls[True]) / statistics.median(walls[False])
+    print(
+        f"\naudience index A/B ({pairs} pairs): wall with {walls[True]}, without {walls[False]};"
+        f" median ratio {ratio:.3f} (target <= 1.25); {statistics.median(per_pair):.2f} B per"
+        " listener-criterion pair (target <= 12)"
+    )
 
 
 def print_memory(

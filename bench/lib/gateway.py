@@ -73,6 +73,7 @@ def build(
     gc_freeze: bool = True,
     history: list[dict[str, Any]] | None = None,
     envelope: bool = False,
+    overrides: dict[str, Any] | None = None,
 ) -> Bow:
     config: dict[str, Any] = {
         "port": port,
@@ -86,6 +87,9 @@ def build(
     }
     if history is not None:
         config["history"] = history
+    for key, value in (overrides or {}).items():  # a table merged into the one above, if any
+        merged = isinstance(value, dict) and isinstance(config.get(key), dict)
+        config[key] = {**config[key], **value} if merged else value
     return (
         Bow(config)
         .middleware(version="v1.1", create_criteria_from_listener_details=criteria_from_claim())
@@ -287,6 +291,7 @@ async def serve(args: argparse.Namespace) -> None:
         gc_freeze=not args.no_gc_freeze,
         history=json.loads(args.history) if args.history else None,
         envelope=args.envelope,
+        overrides=json.loads(args.config) if args.config else None,
     )
     await bow.start()
     probe = StallProbe()
@@ -359,6 +364,9 @@ def main() -> None:
         "--no-gc-freeze", action="store_true", help="gc_freeze off (`serve` turns it on)"
     )
     parser.add_argument("--history", help="the [[history]] rules, as a JSON list of tables")
+    parser.add_argument(
+        "--config", help="settings as JSON, each top-level table merged into the gateway's"
+    )
     parser.add_argument(
         "--envelope", action="store_true", help="the inbound takes envelopes, or lists of them"
     )
