@@ -18,7 +18,7 @@ import pytest
 import redis
 from criteria_data import QUERY, churn, expected_criteria, generate, write_parquet
 
-from bow_gateway.core.audience_layout import IndexLayout
+from bow_gateway.core.audience_layout import IndexLayout, IndexPointer
 from bow_gateway.core.criteria_snapshot import Layout, Live, id_field, parse_change
 from bow_gateway.job.config import load_job_config, parse_job_config
 from bow_gateway.job.spark import APP_NAME, executor_python
@@ -99,19 +99,19 @@ def snapshot(client: redis.Redis, namespace: str) -> dict[str, Any]:
     live = Live.from_json(client.get(layout.live_key))
     assert live is not None
 
-    # the audience index's generations, named in their order (the live one, one in its grace)
-    generations = sorted(
-        name.decode() for name in client.hkeys(IndexLayout(namespace).registry_key)
-    )
+    index = IndexPointer.from_json(client.get(IndexLayout(namespace).pointer_key))
+    assert index is not None
 
     def same(key: bytes) -> str:
         text = key.decode().replace(namespace, "NS").replace(live.snapshot, "SNAPSHOT")
-        for number, generation in enumerate(generations):
-            text = text.replace(generation, f"GENERATION-{number}")
-        return text
+        return text.replace(f":audience:{index.generation}:", ":audience:LIVE:")
+
+    def earlier(key: bytes) -> bool:
+        """A key of an audience index generation in its grace: gone sooner or later."""
+        return b":audience:" in key and f":audience:{index.generation}:".encode() not in key
 
     return {
-        "keys": sorted(same(key) for key in client.scan_iter("*")),
+        "keys": sorted(same(key) for key in client.scan_iter("*") if not earlier(key)),
         "live": (live.buckets, live.keys, live.codes, live.state is not None),
         "buckets": {
             bucket: client.hgetall(layout.bucket_key(live.snapshot, bucket))
