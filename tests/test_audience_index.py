@@ -3,7 +3,6 @@ documented layout (the job's own run is tests/test_criteria_job_index.py)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -11,14 +10,12 @@ import pytest
 import redis.asyncio
 from pyroaring import BitMap
 
-from bow_gateway.core.audience_layout import CHUNK, IndexLayout, IndexPointer, pair_token
-from bow_gateway.core.criteria_snapshot import Layout, Live, id_field
 from bow_gateway.runtime.audience_index import AudienceIndex
 
+from .support.audience_index import Listeners, write_index
 from .support.redis_server import RedisServer
 
 NAMESPACE = "ax"
-Listeners = dict[Any, dict[str, Any]]
 
 
 @pytest.fixture(scope="module")
@@ -38,28 +35,8 @@ async def client(server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
 async def write(
     client: redis.asyncio.Redis, generation: str, listeners: Listeners, holes: int = 0
 ) -> list[Any]:
-    """A generation and its criteria snapshot, as the job writes them; the ids by number
-    (``holes`` free numbers first)."""
-    layout, criteria = IndexLayout(NAMESPACE), Layout(NAMESPACE)
-    ids = list(listeners)
-    bitmaps: dict[str, BitMap] = {}
-    for number, (listener_id, values) in enumerate(listeners.items(), holes):
-        key, field = criteria.key_of(generation, 1, listener_id)
-        await client.hset(key, field, json.dumps(values))
-        for name, value in values.items():
-            for item in value if isinstance(value, list) else [value]:
-                bitmaps.setdefault(pair_token(name, item), BitMap()).add(number)
-    for pair, bitmap in bitmaps.items():
-        await client.set(layout.bitmap_key(generation, pair), bitmap.serialize())
-    lines = [""] * holes + [id_field(listener_id) for listener_id in ids]
-    for chunk in range(0, len(lines), CHUNK):
-        text = "\n".join(lines[chunk : chunk + CHUNK])
-        await client.set(layout.ids_key(generation, chunk // CHUNK), text)
-    pointer = IndexPointer(generation, len(ids), len(lines), len(bitmaps))
-    await client.mset(
-        {layout.pointer_key: pointer.to_json(), criteria.live_key: Live(generation, 1).to_json()}
-    )
-    return [None] * holes + ids
+    """A generation of :data:`NAMESPACE` and its criteria snapshot, made live."""
+    return await write_index(client, NAMESPACE, generation, listeners, holes)
 
 
 async def ids_of(reader: AudienceIndex, audience: list[dict[str, Any]]) -> set[Any]:
